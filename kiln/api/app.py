@@ -1,0 +1,31 @@
+"""The FastAPI application: routers, error envelope, shared state. No logic lives here."""
+
+from __future__ import annotations
+
+import importlib
+
+from fastapi import FastAPI
+
+from kiln import __version__
+from kiln.api.errors import install_error_handlers
+from kiln.api.state import ServerState
+from kiln.config import Settings
+
+# Each module exposes `router` (an APIRouter) and optionally `init(state: ServerState)`, called once
+# at app creation to build the stores it needs into `state.services`.
+ROUTER_MODULES = [
+    "kiln.api.routers.system",
+]
+
+
+def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
+    app = FastAPI(title="Kiln", version=__version__, description="Serve a model; make it better while it serves.")
+    app.state.kiln = state or ServerState(settings=settings)
+    install_error_handlers(app)
+    for name in ROUTER_MODULES:
+        module = importlib.import_module(name)
+        init = getattr(module, "init", None)
+        if init is not None:
+            init(app.state.kiln)
+        app.include_router(module.router)
+    return app

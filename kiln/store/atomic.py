@@ -1,0 +1,95 @@
+"""Crash-safe file writes: temp file, fsync, rename, fsync of the directory.
+
+A reader after a kill at any instant sees the old bytes or the new bytes, never a torn file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the bytes that content hashes are taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
+    text = json.dumps(obj, indent=indent, ensure_ascii=False)
+    atomic_write_text(path, text + "\n")
+
+
+def append_jsonl(path: str | Path, rows: list[Any]) -> None:
+    """Append rows and fsync before returning, so an acknowledged row survives a crash.
+
+    A crash mid-append can leave a partial last line; `read_jsonl` drops such a tail.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in rows)
+    existed = path.exists()
+    with open(path, "ab") as f:
+        # A previous crash may have left a torn line without newline: start on a fresh line.
+        if existed and f.tell() > 0:
+            with open(path, "rb") as r:
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":
+                    data = b"\n" + data
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if not existed:
+        fsync_dir(path.parent)
+
+
+def read_jsonl(path: str | Path) -> list[Any]:
+    """Read JSON lines, skipping blank lines and a torn (unparseable) final line."""
+    out: list[Any] = []
+    path = Path(path)
+    if not path.exists():
+        return out
+    lines = path.read_bytes().split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 or all(not rest.strip() for rest in lines[i + 1 :]):
+                break  # torn tail from a crash mid-append
+            raise
+    return out
