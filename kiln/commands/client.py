@@ -1,0 +1,73 @@
+"""A small HTTP client for the CLI sub-commands that talk to a running server."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8420"
+
+
+def add_url_argument(parser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("KILN_SERVER_URL", DEFAULT_URL),
+        help="Kiln server base URL (default: $KILN_SERVER_URL or %(default)s)",
+    )
+
+
+class ServerError(Exception):
+    def __init__(self, status: int, message: str, hint: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.hint, self.code = status, message, hint, code
+
+    def print(self) -> None:
+        code = f" [{self.code}]" if self.code else ""
+        print(f"error {self.status}{code}: {self.message}", file=sys.stderr)
+        if self.hint:
+            print(f"hint: {self.hint}", file=sys.stderr)
+
+
+class ServerClient:
+    def __init__(self, url: str, timeout: float = 600.0):
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.ConnectError:
+            raise ServerError(0, f"cannot reach a Kiln server at {self.url}",
+                              hint="Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.") from None
+        if resp.status_code >= 400:
+            try:
+                err = resp.json().get("error", {})
+            except ValueError:
+                err = {}
+            raise ServerError(resp.status_code, err.get("message") or resp.text, err.get("hint"), err.get("code"))
+        return resp
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw).json()
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw).json()
+
+    def put(self, path: str, **kw: Any) -> Any:
+        return self.request("PUT", path, **kw).json()
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw).json()
+
+
+def run_client_command(func, args) -> int:
+    """Run `func(client, args)`, printing server errors with message and hint; exit 1 on error."""
+    client = ServerClient(args.url)
+    try:
+        return int(func(client, args) or 0)
+    except ServerError as e:
+        e.print()
+        return 1
