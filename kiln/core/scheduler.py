@@ -1,0 +1,188 @@
+"""Continuous batching: which sequences run in the next model step, and how many tokens each feeds.
+
+Each step has a token budget (`max_batch_tokens`). Policy, in order:
+1. running decodes, one token each, oldest first; when the pool cannot hold a decode's next token,
+   the most recently arrived running sequence is preempted (recompute: it loses its blocks and goes
+   back to the front of the waiting queue, keeping its generated tokens) and the decode retries;
+2. running prefills continue with the next chunk of their prompt;
+3. waiting sequences are admitted FIFO while budget, `max_num_seqs` and free blocks allow. A waiting
+   sequence whose `wait_for` has not computed its prompt yet is passed over, so it can later share
+   that prompt through the prefix cache instead of computing it a second time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kiln.core.block_manager import BlockManager
+from kiln.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens fed this step, starting at seq.num_computed_tokens
+    sample: bool  # the chunk reaches the end: sample one token for it
+
+
+@dataclass
+class SchedulerOutput:
+    items: list[ScheduledSeq] = field(default_factory=list)  # num_new_tokens == 1 first, then chunks
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.items
+
+
+def _arrival_key(seq: Sequence) -> tuple[float, int]:
+    return (seq.arrival_time, seq.seq_id)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_tokens: int) -> None:
+        if max_num_seqs < 1 or max_batch_tokens < 1:
+            raise ValueError(
+                f"need max_num_seqs >= 1 and max_batch_tokens >= 1, got {max_num_seqs}, {max_batch_tokens}"
+            )
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.num_tokens == 0:
+            raise ValueError(f"sequence {seq.seq_id} has no tokens")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.seq_id == seq_id:
+                self.finish(seq, "abort")
+                return seq
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.is_finished:
+            return  # the first reason stands (e.g. an abort racing a natural stop)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_batch_tokens
+        self.running.sort(key=_arrival_key)
+        scheduled: set[int] = set()
+
+        # 1. Decodes. Victims are always the newest unscheduled running sequence, so a sequence
+        # scheduled earlier in this loop (older) is never preempted after being scheduled.
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.num_remaining != 1 or seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not self.block_manager.can_append(seq, 1):
+                victim = max((s for s in self.running if s.seq_id not in scheduled), key=_arrival_key)
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.block_manager.append(seq, 1)
+            self._emit(out, seq, 1)
+            scheduled.add(seq.seq_id)
+            budget -= 1
+
+        # 2. Running prefills continue before anything new is admitted.
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.seq_id in scheduled or seq.num_remaining < 2:
+                continue
+            chunk = min(seq.num_remaining, budget)
+            self.block_manager.append(seq, chunk)  # no-op: allocate covered every token
+            self._emit(out, seq, chunk)
+            scheduled.add(seq.seq_id)
+            budget -= chunk
+
+        # 3. Admissions; none after a preemption, since the pool is evidently full.
+        if not out.preempted:
+            budget = self._admit(out, budget)
+
+        # Decodes (and 1-token chunks, which attend exactly like decodes) lead the batch.
+        out.items.sort(key=lambda item: item.num_new_tokens != 1)
+        out.num_batched_tokens = self.max_batch_tokens - budget
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if not self._dependency_ready(seq):
+                continue
+            if not self.block_manager.can_allocate(seq):
+                break  # FIFO: nothing behind the head may overtake it for blocks
+            self.waiting.remove(seq)
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunk = min(seq.num_remaining, budget)
+            self._emit(out, seq, chunk)
+            budget -= chunk
+        return budget
+
+    @staticmethod
+    def _dependency_ready(seq: Sequence) -> bool:
+        dep = seq.wait_for
+        if dep is None or dep.is_finished:
+            return True
+        return dep.status is SequenceStatus.RUNNING and dep.prompt_computed
+
+    @staticmethod
+    def _emit(out: SchedulerOutput, seq: Sequence, num_new_tokens: int) -> None:
+        sample = seq.num_computed_tokens + num_new_tokens == seq.num_tokens
+        out.items.append(ScheduledSeq(seq, num_new_tokens, sample))
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def on_step_done(self, out: SchedulerOutput, sampled: dict[int, int]) -> None:
+        """Record a finished step: K/V computed, blocks registered, sampled tokens appended."""
+        for item in out.items:
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted or finished while the step ran
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.mark_computed(seq)
+            if item.sample and seq.seq_id in sampled:
+                seq.append_token(sampled[seq.seq_id])
