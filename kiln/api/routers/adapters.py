@@ -1,0 +1,282 @@
+"""Adapter routes (semantics.md §1.3, §7): list, upload, download, detail, receipt, delete, merge, load/unload.
+
+Services (created by `init` unless a test put its own first):
+  state.services["adapter_store"]          AdapterStore over settings.adapter_dir
+  state.services["adapters_active"]        ActiveAdapter (the engine hooks its swap into .callbacks)
+  state.services["adapter_compose_cache"]  CompositionCache for chat `adapters:[{name, scale}]`
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, field_validator
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message, Receive
+
+from kiln.adapters.active import ActiveAdapter, model_spec_for
+from kiln.adapters.archive import import_error
+from kiln.adapters.compat import check_compatibility
+from kiln.adapters.compose import CompositionCache
+from kiln.adapters.merge import merge_adapters
+from kiln.adapters.peft_format import RECEIPT_FILE
+from kiln.adapters.store import NAME_CODE, AdapterStore
+from kiln.api.errors import parse_model, read_json_body
+from kiln.api.state import ServerState, get_state
+from kiln.errors import KilnError
+
+router = APIRouter(tags=["adapters"])
+
+# Multipart framing and the `name` field ride on top of the archive bytes.
+_MULTIPART_SLACK = 64 << 10
+
+
+def init(state: ServerState) -> None:
+    store = state.services.setdefault("adapter_store", AdapterStore(state.settings.adapter_dir))
+    state.services.setdefault("adapters_active", ActiveAdapter(store))
+    state.services.setdefault("adapter_compose_cache", CompositionCache(store))
+
+
+def _store(request: Request) -> AdapterStore:
+    return get_state(request).services["adapter_store"]
+
+
+def _active(request: Request) -> ActiveAdapter:
+    return get_state(request).services["adapters_active"]
+
+
+# -- bodies -----------------------------------------------------------------------------------------
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class LoadBody(_Body):
+    name: str
+    allow_quarantined: bool = False
+
+
+class VllmLoadBody(_Body):
+    lora_name: str
+    lora_path: str | None = None
+
+
+class VllmUnloadBody(_Body):
+    lora_name: str | None = None
+
+
+class MergeSourceBody(_Body):
+    name: str
+    weight: float = 1.0
+
+    @field_validator("weight")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+class MergeBody(_Body):
+    sources: list[MergeSourceBody]
+    output_name: str
+    mode: str | None = None
+    density: float | None = None
+
+
+# -- listing and inspection -------------------------------------------------------------------------
+
+@router.get("/v1/adapters")
+async def list_adapters(request: Request) -> dict[str, Any]:
+    store, active = _store(request), _active(request)
+    infos = await run_in_threadpool(store.list)
+    return {"active": active.name, "available": [i.to_dict() for i in infos]}
+
+
+@router.get("/v1/adapters/{name}/detail")
+async def adapter_detail(name: str, request: Request) -> dict[str, Any]:
+    store, active = _store(request), _active(request)
+    engine = get_state(request).engine
+    return await run_in_threadpool(_detail, store, name, active.name, model_spec_for(engine))
+
+
+def _detail(store: AdapterStore, name: str, active_name: str | None, model_spec: dict | None) -> dict[str, Any]:
+    out = store.info(name).to_dict()
+    out["active"] = name == active_name
+    try:
+        loaded = store.load_adapter(name)
+    except KilnError as e:
+        if e.status != 400:
+            raise
+        out["layout_error"] = e.message
+        return out
+    cfg = loaded.config
+    modules: dict[str, list[int]] = {}
+    for layer, module in sorted(loaded.modules):
+        modules.setdefault(module, []).append(layer)
+    out.update({
+        "config": cfg.raw,
+        "rank": cfg.r,
+        "lora_alpha": cfg.lora_alpha,
+        "use_rslora": cfg.use_rslora,
+        "target_modules": list(cfg.target_modules) if isinstance(cfg.target_modules, tuple) else cfg.target_modules,
+        "dtype": loaded.dtype,
+        "num_tensors": loaded.num_tensors,
+        "num_layers": len({layer for layer, _ in loaded.modules}),
+        "modules": modules,
+    })
+    if model_spec is not None:
+        try:
+            out["compatibility"] = check_compatibility(loaded, model_spec).to_dict()
+        except KilnError as e:
+            out["compatibility"] = {"compatible": False, "error": e.message}
+    return out
+
+
+@router.get("/v1/adapters/{name}/receipt")
+async def adapter_receipt(name: str, request: Request) -> JSONResponse:
+    path = _store(request).require(name) / RECEIPT_FILE
+    try:
+        return JSONResponse(json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        raise KilnError(404, "adapter_not_found", f"Adapter {name!r} has no {RECEIPT_FILE}.", param="name",
+                        hint="Only adapters trained by Kiln carry a training receipt.") from None
+    except ValueError as e:
+        raise KilnError(500, "adapter_receipt_failed", f"{RECEIPT_FILE} of {name!r} is not valid JSON: {e}",
+                        param="name") from None
+
+
+@router.get("/v1/adapters/{name}/download")
+async def download_adapter(name: str, request: Request) -> StreamingResponse:
+    chunks = _store(request).adapter_archive_bytes(name)
+    disposition = f"attachment; filename*=UTF-8''{quote(name, safe='')}.tar.gz"
+    return StreamingResponse(chunks, media_type="application/gzip", headers={"Content-Disposition": disposition})
+
+
+# -- changing the store -----------------------------------------------------------------------------
+
+def _bounded_receive(receive: Receive, limit: int) -> Receive:
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise import_error(f"request body exceeds the limit of {limit} bytes")
+        return message
+
+    return wrapped
+
+
+@router.post("/v1/adapters/upload")
+async def upload_adapter(request: Request) -> dict[str, Any]:
+    store = _store(request)
+    limit = store.limits.max_body_bytes + _MULTIPART_SLACK
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise import_error(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise import_error("send multipart/form-data with fields `name` and `archive`", param="archive")
+    bounded = Request(request.scope, _bounded_receive(request.receive, limit))
+    try:
+        form = await bounded.form(max_files=1, max_fields=16)
+    except StarletteHTTPException as e:
+        raise import_error(f"malformed multipart body: {e.detail}") from None
+    try:
+        name, archive = form.get("name"), form.get("archive")
+        if not isinstance(name, str):
+            raise KilnError(400, NAME_CODE, "The `name` form field is required.", param="name",
+                            hint="Send multipart fields `name` (the new adapter's name) and `archive` (tar.gz).")
+        if not isinstance(archive, UploadFile):
+            raise import_error("the `archive` form field must be a file (tar.gz)")
+        info = await run_in_threadpool(store.extract_adapter_archive, archive.file, name)
+    finally:
+        await form.close()
+    return {"status": "uploaded", **info.to_dict()}
+
+
+@router.delete("/v1/adapters/{name}")
+async def delete_adapter(name: str, request: Request) -> dict[str, Any]:
+    store, active = _store(request), _active(request)
+
+    def delete() -> None:
+        store.require(name)
+        with active.lock:
+            if active.name == name:
+                raise KilnError(409, "adapter_active", f"Adapter {name!r} is the active adapter.", param="name",
+                                hint="POST /v1/adapters/unload (or load another adapter) first.")
+            store.delete(name)
+
+    await run_in_threadpool(delete)
+    return {"status": "deleted", "name": name}
+
+
+@router.post("/v1/adapters/merge")
+async def merge(request: Request) -> dict[str, Any]:
+    prefix = "Invalid adapter merge: "
+    body = parse_model(MergeBody, await read_json_body(request, code="adapter_merge_invalid", prefix=prefix),
+                       code="adapter_merge_invalid", prefix=prefix)
+    sources = [{"name": s.name, "weight": s.weight} for s in body.sources]
+    return await run_in_threadpool(merge_adapters, _store(request), sources, body.output_name, body.mode,
+                                   body.density)
+
+
+# -- the active adapter -----------------------------------------------------------------------------
+
+async def _load(request: Request, name: str) -> dict[str, Any]:
+    active = _active(request)
+    return await run_in_threadpool(active.load, name, model_spec_for(get_state(request).engine))
+
+
+@router.post("/v1/adapters/load")
+async def load_adapter(request: Request) -> dict[str, Any]:
+    prefix = "Invalid adapter load request: "
+    body = parse_model(LoadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
+                       code=NAME_CODE, prefix=prefix)
+    return await _load(request, body.name)
+
+
+@router.post("/v1/adapters/unload")
+async def unload_adapter(request: Request) -> dict[str, Any]:
+    return await run_in_threadpool(_active(request).unload)
+
+
+@router.post("/v1/load_lora_adapter")
+async def vllm_load(request: Request) -> dict[str, Any]:
+    """vLLM's route: {lora_name, lora_path}; the path may only name the stored adapter itself."""
+    prefix = "Invalid LoRA load request: "
+    body = parse_model(VllmLoadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
+                       code=NAME_CODE, prefix=prefix)
+    store = _store(request)
+    path = store.path(body.lora_name, param="lora_name")
+    if body.lora_path and Path(body.lora_path).resolve() != path.resolve():
+        raise KilnError(400, NAME_CODE, "lora_path must be the adapter's folder in the adapter directory.",
+                        param="lora_path",
+                        hint="Upload the adapter (POST /v1/adapters/upload), then load it by lora_name.")
+    return await _load(request, body.lora_name)
+
+
+@router.post("/v1/unload_lora_adapter")
+async def vllm_unload(request: Request) -> JSONResponse:
+    raw = await request.body()
+    body = VllmUnloadBody()
+    if raw.strip():
+        prefix = "Invalid LoRA unload request: "
+        body = parse_model(VllmUnloadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
+                           code=NAME_CODE, prefix=prefix)
+    active = _active(request)
+    if body.lora_name is not None and body.lora_name != active.name:
+        _store(request).path(body.lora_name, param="lora_name")
+        raise KilnError(404, "adapter_not_found", f"Adapter {body.lora_name!r} is not loaded.", param="lora_name",
+                        hint="GET /v1/adapters shows the active adapter.")
+    return JSONResponse(await run_in_threadpool(active.unload))

@@ -1,0 +1,166 @@
+"""`kiln adapters list|load|unload|upload|download|merge|delete` against a running server."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import stat
+import sys
+import tarfile
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
+
+
+def register(sub) -> None:
+    p = sub.add_parser("adapters", help="manage the server's LoRA adapters")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help_text: str, func) -> argparse.ArgumentParser:
+        a = actions.add_parser(name, help=help_text)
+        add_url_argument(a)
+        a.set_defaults(func=lambda args: run_client_command(func, args))
+        return a
+
+    a = action("list", "list saved adapters and the active one", _list)
+    a.add_argument("--json", action="store_true", help="print the raw JSON response")
+    a = action("load", "make a saved adapter the server's default", _load)
+    a.add_argument("name")
+    action("unload", "revert the server to the base model", _unload)
+    a = action("upload", "upload an adapter folder or .tar.gz", _upload)
+    a.add_argument("name", help="name to store the adapter under")
+    a.add_argument("path", help="PEFT adapter folder, or a .tar.gz of one")
+    a = action("download", "download an adapter as .tar.gz", _download)
+    a.add_argument("name")
+    a.add_argument("-o", "--output", help="output file (default: ./<name>.tar.gz; '-' for stdout)")
+    a = action("merge", "merge saved adapters into a new one", _merge)
+    a.add_argument("output_name")
+    a.add_argument("sources", nargs="+", metavar="NAME[:WEIGHT]", help="source adapters (weight default 1)")
+    a.add_argument("--mode", choices=["weighted_average", "ties", "concat"], default=None)
+    a.add_argument("--density", type=float, default=None, help="ties only: fraction of values kept (0, 1]")
+    a = action("delete", "delete a saved adapter", _delete)
+    a.add_argument("name")
+
+
+def _list(client: ServerClient, args) -> int:
+    data = client.get("/v1/adapters")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    active = data.get("active")
+    print(f"active: {active or 'base'}")
+    for a in data.get("available", []):
+        mark = "*" if a["name"] == active else " "
+        ok = "ok" if a.get("has_config") and a.get("has_weights") else "incomplete"
+        digest = (a.get("content_sha256") or "")[:19]
+        print(f"{mark} {a['name']:<32} {a['size_bytes']:>12} B  {a['modified_at']}  {ok}  {digest}")
+    return 0
+
+
+def _load(client: ServerClient, args) -> int:
+    data = client.post("/v1/adapters/load", json={"name": args.name})
+    print(f"loaded {data['name']} ({data.get('content_sha256', '')})")
+    return 0
+
+
+def _unload(client: ServerClient, args) -> int:
+    client.post("/v1/adapters/unload")
+    print("unloaded: serving the base model")
+    return 0
+
+
+def pack_dir(path: Path) -> bytes:
+    """tar.gz of a folder's regular files, flat (the server also accepts one top-level folder)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for dirpath, _, filenames in os.walk(path):
+            for fname in sorted(filenames):
+                full = Path(dirpath, fname)
+                if not stat.S_ISREG(full.lstat().st_mode):
+                    continue
+                tar.add(full, arcname=full.relative_to(path).as_posix(), recursive=False)
+    return buf.getvalue()
+
+
+def _upload(client: ServerClient, args) -> int:
+    path = Path(args.path)
+    if path.is_dir():
+        payload = pack_dir(path)
+    elif path.is_file():
+        payload = path.read_bytes()
+    else:
+        raise ServerError(0, f"{path} is neither a folder nor a file", hint="Pass a PEFT adapter folder or a .tar.gz.")
+    data = client.post("/v1/adapters/upload", data={"name": args.name},
+                       files={"archive": (f"{args.name}.tar.gz", payload, "application/gzip")})
+    print(f"uploaded {data['name']} ({data['size_bytes']} bytes, {data.get('content_sha256', '')})")
+    return 0
+
+
+def _download(client: ServerClient, args) -> int:
+    out = args.output or f"{args.name}.tar.gz"
+    # Streamed straight to disk; ServerClient.request would buffer the whole archive.
+    try:
+        _stream_download(client, args.name, out)
+    except httpx.ConnectError:
+        raise ServerError(0, f"cannot reach a Kiln server at {client.url}",
+                          hint="Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.") from None
+    if out != "-":
+        print(f"wrote {out}")
+    return 0
+
+
+def _stream_download(client: ServerClient, name: str, out: str) -> None:
+    with client.http.stream("GET", f"/v1/adapters/{quote(name, safe='')}/download") as resp:
+        if resp.status_code >= 400:
+            resp.read()
+            _raise(resp)
+        if out == "-":
+            for chunk in resp.iter_bytes():
+                sys.stdout.buffer.write(chunk)
+            return
+        tmp = Path(f"{out}.part")
+        with open(tmp, "wb") as f:
+            for chunk in resp.iter_bytes():
+                f.write(chunk)
+        tmp.replace(out)
+
+
+def _raise(resp) -> None:
+    try:
+        err = resp.json().get("error", {})
+    except ValueError:
+        err = {}
+    raise ServerError(resp.status_code, err.get("message") or resp.text, err.get("hint"), err.get("code"))
+
+
+def parse_source(text: str) -> dict:
+    name, sep, weight = text.rpartition(":")
+    if not sep:
+        return {"name": text, "weight": 1.0}
+    try:
+        return {"name": name, "weight": float(weight)}
+    except ValueError:
+        return {"name": text, "weight": 1.0}
+
+
+def _merge(client: ServerClient, args) -> int:
+    body: dict = {"sources": [parse_source(s) for s in args.sources], "output_name": args.output_name}
+    if args.mode:
+        body["mode"] = args.mode
+    if args.density is not None:
+        body["density"] = args.density
+    data = client.post("/v1/adapters/merge", json=body)
+    print(f"merged {len(data['sources'])} adapter(s) into {data['output_name']} "
+          f"(mode {data['mode']}, {data['num_tensors']} tensors)")
+    return 0
+
+
+def _delete(client: ServerClient, args) -> int:
+    client.delete(f"/v1/adapters/{quote(args.name, safe='')}")
+    print(f"deleted {args.name}")
+    return 0

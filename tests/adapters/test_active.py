@@ -1,0 +1,69 @@
+"""The active-adapter holder: validates, runs the engine's swap callbacks, records the name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from kiln.adapters.active import ActiveAdapter, model_spec_for
+from kiln.adapters.store import AdapterStore
+from kiln.errors import KilnError
+from tests.adapters.helpers import MODEL_SPEC, TINY, save_random
+
+
+@pytest.fixture
+def active(tmp_path):
+    store = AdapterStore(tmp_path / "adapters")
+    save_random(store, "a", modules=["q_proj"])
+    return ActiveAdapter(store)
+
+
+def test_load_records_name_and_revision(active):
+    out = active.load("a")
+    assert out["status"] == "loaded" and out["name"] == "a"
+    assert active.name == "a" and active.revision == active.store.content_hash("a")
+
+
+def test_callbacks_receive_the_adapter_then_none_on_unload(active):
+    seen = []
+    active.callbacks.append(lambda loaded: seen.append(loaded and loaded.name))
+    active.load("a")
+    assert active.unload() == {"status": "unloaded"}
+    assert seen == ["a", None] and active.name is None
+
+
+def test_failed_swap_keeps_the_previous_state(active):
+    def boom(_):
+        raise RuntimeError("cuda oom")
+
+    active.callbacks.append(boom)
+    with pytest.raises(KilnError) as e:
+        active.load("a")
+    assert (e.value.status, e.value.code) == (500, "adapter_load_failed") and active.name is None
+
+
+def test_incompatible_adapter_is_refused_with_a_model_spec(active):
+    spec = copy.deepcopy(MODEL_SPEC)
+    spec["modules"]["q_proj"]["out_features"] = 4
+    with pytest.raises(KilnError) as e:
+        active.load("a", spec)
+    assert e.value.code == "adapter_layout_invalid" and active.name is None
+
+
+def test_load_reports_compatibility_when_a_model_is_known(active):
+    assert active.load("a", MODEL_SPEC)["compatibility"]["matched"] == {"q_proj": [0, 1]}
+
+
+def test_missing_adapter_is_404(active):
+    with pytest.raises(KilnError) as e:
+        active.load("nope")
+    assert e.value.status == 404
+
+
+def test_model_spec_comes_from_the_engine_config():
+    class Engine:
+        info = type("Info", (), {"config": TINY})()
+
+    assert model_spec_for(None) is None
+    assert model_spec_for(Engine()) == MODEL_SPEC
