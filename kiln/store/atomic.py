@@ -76,8 +76,12 @@ def append_jsonl(path: str | Path, rows: list[Any]) -> None:
         fsync_dir(path.parent)
 
 
-def read_jsonl(path: str | Path) -> list[Any]:
-    """Read JSON lines, skipping blank lines and a torn (unparseable) final line."""
+def read_jsonl(path: str | Path, *, skip_invalid: bool = False) -> list[Any]:
+    """Read JSON lines, skipping blank lines and a torn (unparseable) final line.
+
+    `skip_invalid` also skips unparseable lines in the middle: a torn line stays in the middle of
+    an append-only file once a later append has started on a fresh line after it.
+    """
     out: list[Any] = []
     path = Path(path)
     if not path.exists():
@@ -88,7 +92,9 @@ def read_jsonl(path: str | Path) -> list[Any]:
             continue
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if skip_invalid:
+                continue
             if i == len(lines) - 1 or all(not rest.strip() for rest in lines[i + 1 :]):
                 break  # torn tail from a crash mid-append
             raise

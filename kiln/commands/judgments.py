@@ -1,0 +1,150 @@
+"""`kiln judgments create|list|append|delete|render-prompt|compile` against a running server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from rich.console import Console
+from rich.table import Table
+
+from kiln.commands.client import ServerClient, add_url_argument, run_client_command
+
+
+def register(sub) -> None:
+    p = sub.add_parser("judgments", help="collect pairwise judgments and compile them into judge training data")
+    cmds = p.add_subparsers(dest="judgments_command", metavar="ACTION", required=True)
+
+    create = cmds.add_parser("create", help="create an empty judgment set")
+    create.add_argument("name")
+    create.add_argument("--description")
+    create.set_defaults(func=lambda a: run_client_command(_create, a))
+
+    ls = cmds.add_parser("list", help="list judgment sets")
+    ls.add_argument("--json", action="store_true", help="print the raw JSON response")
+    ls.set_defaults(func=lambda a: run_client_command(_list, a))
+
+    append = cmds.add_parser("append", help="append judgments (from flags, or a JSON / JSONL file of bodies)")
+    append.add_argument("name")
+    _judgment_arguments(append)
+    append.set_defaults(func=lambda a: run_client_command(_append, a))
+
+    rm = cmds.add_parser("delete", help="delete a judgment set, or one row of it with --row")
+    rm.add_argument("name")
+    rm.add_argument("--row", metavar="ID", help="delete only the judgment with this id")
+    rm.set_defaults(func=lambda a: run_client_command(_delete, a))
+
+    render = cmds.add_parser("render-prompt", help="print the exact judge prompt for two replies")
+    _judgment_arguments(render)
+    render.set_defaults(func=lambda a: run_client_command(_render, a))
+
+    comp = cmds.add_parser("compile", help="compile a judgment set into an sft_chat dataset")
+    comp.add_argument("name")
+    comp.add_argument("--output", required=True, dest="output_dataset", help="name of the dataset to create")
+    comp.add_argument("--holdout-n", type=int, help="most recent judgments kept out (default min(20, rows/5))")
+    comp.add_argument("--include-skips", action="store_true")
+    comp.set_defaults(func=lambda a: run_client_command(_compile, a))
+
+    for parser in (create, ls, append, rm, render, comp):
+        add_url_argument(parser)
+
+
+def _judgment_arguments(p) -> None:
+    p.add_argument("--file", type=Path, help="JSON object, JSON array or JSONL of AppendJudgmentBody")
+    p.add_argument("--prompt", help="the user message both replies answer")
+    p.add_argument("--system", help="an optional system message before --prompt")
+    p.add_argument("--response-a")
+    p.add_argument("--response-b")
+    p.add_argument("--winner", choices=["a", "b", "tie", "skip"])
+    p.add_argument("--id", help="row id (default: a UUID assigned by the server)")
+    p.add_argument("--adapter-a")
+    p.add_argument("--adapter-b")
+    p.add_argument("--note")
+    p.add_argument("--tag", action="append", default=[], dest="tags")
+
+
+def _q(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+def _bodies(args, *, default_winner: str | None = None) -> list[dict[str, Any]]:
+    if args.file:
+        text = args.file.read_text("utf-8")
+        try:
+            whole = json.loads(text)
+        except ValueError:  # not one JSON document: JSON lines
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return whole if isinstance(whole, list) else [whole]
+    missing = [flag for flag, v in (("--prompt", args.prompt), ("--response-a", args.response_a),
+                                    ("--response-b", args.response_b)) if v is None]
+    winner = args.winner or default_winner
+    if winner is None:
+        missing.append("--winner")
+    if missing:
+        raise SystemExit(f"error: give --file, or {', '.join(missing)}")
+    prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+    body: dict[str, Any] = {"prompt": prompt, "response_a": args.response_a, "response_b": args.response_b,
+                            "winner": winner, "tags": args.tags}
+    for key in ("id", "adapter_a", "adapter_b", "note"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    return [body]
+
+
+def _create(client: ServerClient, args) -> int:
+    body = client.post("/v1/judgments", json={"name": args.name, "description": args.description})
+    print(f"created {body['name']}")
+    return 0
+
+
+def _list(client: ServerClient, args) -> int:
+    body = client.get("/v1/judgments")
+    if args.json:
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+        return 0
+    table = Table("name", "rows", "a", "b", "tie", "skip", "compiled split", "updated", "description")
+    for m in body["judgments"]:
+        h = m["winner_histogram"]
+        table.add_row(m["name"], str(m["num_rows"]), *(str(h.get(k, 0)) for k in ("a", "b", "tie", "skip")),
+                      str(m.get("last_compiled_split", "-")), m["updated_at"], m.get("description") or "")
+    Console().print(table)
+    return 0
+
+
+def _append(client: ServerClient, args) -> int:
+    for body in _bodies(args):
+        resp = client.post(f"/v1/judgments/{_q(args.name)}/rows", json=body)
+        print(f"appended {resp['judgment_id']} ({resp['num_rows']} rows)")
+    return 0
+
+
+def _delete(client: ServerClient, args) -> int:
+    if args.row:
+        resp = client.delete(f"/v1/judgments/{_q(args.name)}/rows/{_q(args.row)}")
+        print(f"deleted row {args.row} ({resp['num_rows']} rows left)")
+    else:
+        resp = client.delete(f"/v1/judgments/{_q(args.name)}")
+        print(f"{resp['status']} {resp['name']}")
+    return 0
+
+
+def _render(client: ServerClient, args) -> int:
+    # The prompt never shows the verdict; the body type still requires one.
+    for body in _bodies(args, default_winner="tie"):
+        print(client.post("/v1/judgments/render_prompt", json=body)["prompt"])
+    return 0
+
+
+def _compile(client: ServerClient, args) -> int:
+    body: dict[str, Any] = {"output_dataset": args.output_dataset, "include_skips": args.include_skips}
+    if args.holdout_n is not None:
+        body["holdout_n"] = args.holdout_n
+    resp = client.post(f"/v1/judgments/{_q(args.name)}/compile", json=body)
+    print(f"compiled {resp['rows']} rows into {resp['dataset']['name']} "
+          f"(first {resp['train_validation_split']} judgments; last {resp['holdout_n']} held out)")
+    for warning in resp["warnings"]:
+        print(f"warning: {warning}")
+    return 0
