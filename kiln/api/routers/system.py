@@ -32,3 +32,14 @@ async def health(request: Request) -> JSONResponse:
     if state.load_error:
         body["error"] = state.load_error
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = get_state(request)
+    engine = state.engine
+    data = []
+    if engine is not None:
+        data.append({"id": engine.info.served_model_id, "object": "model", "created": engine.info.created,
+                     "owned_by": "kiln"})
+    return JSONResponse({"object": "list", "data": data})

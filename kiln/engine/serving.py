@@ -1,0 +1,176 @@
+"""Build the serving stack from settings: weights, tokenizer, chat template, KV pool, actor."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.config import Settings
+from kiln.core.sampling import SamplingParams
+from kiln.engine.chat_template import ChatTemplate
+from kiln.engine.engine import AsyncEngine, LLMEngine
+from kiln.engine.runner import ModelRunner
+from kiln.engine.tokenizer import Tokenizer
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache
+from kiln.model.loader import LoadedWeights, default_model_path, load_model
+
+log = logging.getLogger("kiln.engine")
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    served_model_id: str
+    config: ModelConfig
+    format: str
+    dtype: str
+    device: str
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    created: int
+    # sampling fields of generation_config.json (HF dirs) used as the no-preset default
+    generation_defaults: dict[str, Any]
+
+    @property
+    def qwen3_family(self) -> bool:
+        return self.config.architecture == "qwen3"
+
+    def describe(self) -> str:
+        c = self.config
+        return f"{self.served_model_id} ({c.num_hidden_layers}L, {c.num_attention_heads}H, {c.num_key_value_heads}KV)"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def _served_id(path: Path, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    name = path.name
+    for suffix in (".gguf",):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def _generation_defaults(path: Path) -> dict[str, Any]:
+    gen = path / "generation_config.json" if path.is_dir() else None
+    if gen is None or not gen.exists():
+        return {}
+    import json
+
+    data = json.loads(gen.read_text())
+    if data.get("do_sample") is False:
+        return {"temperature": 0.0}
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+    return {k: data[k] for k in keys if isinstance(data.get(k), (int, float))}
+
+
+class ServingEngine:
+    """Everything the API needs from the model: tokenizer, template, limits and `generate`."""
+
+    def __init__(self, info: ModelInfo, tokenizer: Tokenizer, template: ChatTemplate, actor: LLMEngine,
+                 weights: LoadedWeights) -> None:
+        self.info = info
+        self.tokenizer = tokenizer
+        self.template = template
+        self.actor = actor
+        self.weights = weights
+        self.async_engine = AsyncEngine(actor)
+
+    # -- health ----------------------------------------------------------------------------------
+    def describe(self) -> str:
+        return self.info.describe()
+
+    def is_alive(self) -> bool:
+        return self.actor.is_alive()
+
+    def shutdown(self) -> None:
+        self.actor.shutdown()
+
+    # -- requests --------------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
+        return self.template.render(messages, tools=tools, add_generation_prompt=True, **(template_kwargs or {}))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def choice_params(self, base: SamplingParams, n: int) -> list[SamplingParams]:
+        """One SamplingParams per choice; choice i uses seed + i (u64 wrap); no seed -> a random one."""
+        seed = base.seed if base.seed is not None else random.getrandbits(63)
+        out = []
+        for i in range(n):
+            p = SamplingParams(**{**base.__dict__})
+            p.seed = (seed + i) % (2**64)
+            p.stop = list(base.stop)
+            p.stop_token_ids = list(base.stop_token_ids or self.tokenizer.eos_token_ids)
+            out.append(p)
+        return out
+
+    def generate(self, prompt_ids: list[int], params: list[SamplingParams], request_id: str | None = None,
+                 budgets: list | None = None):
+        return self.async_engine.generate(prompt_ids, params, request_id, budgets)
+
+    @property
+    def close_think_ids(self) -> list[int]:
+        """The tokenizer's own encoding of `</think>` (one special token or several ordinary ones)."""
+        return self.tokenizer.encode("</think>", add_special_tokens=False)
+
+
+def build_serving_engine(settings: Settings) -> ServingEngine:
+    t0 = time.perf_counter()
+    path = Path(settings.model.path) if settings.model.path else default_model_path()
+    device = resolve_device(settings.model.device)
+    threads = settings.engine.num_threads or int(os.environ.get("KILN_NUM_THREADS", "0") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    model, weights = load_model(str(path), dtype=settings.model.dtype, device=device)
+    if weights.format == "gguf":
+        tokenizer = Tokenizer.from_gguf_metadata(weights.gguf_metadata or {})
+    else:
+        tokenizer = Tokenizer.from_hf_dir(path)
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"the model at {path} has no chat template (tokenizer_config.json 'chat_template', "
+            "chat_template.jinja, or GGUF tokenizer.chat_template); Kiln serves chat models only"
+        )
+    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    cfg = model.config
+    kv_dtype = next(model.parameters()).dtype
+    block_size = settings.engine.block_size
+    per_block = KVCache.bytes_per_block(cfg, block_size, kv_dtype)
+    num_blocks = max(4, settings.engine.kv_cache_memory_mb * 2**20 // per_block)
+    max_len = min(cfg.max_position_embeddings, num_blocks * block_size)
+    if settings.engine.max_model_len:
+        max_len = min(max_len, settings.engine.max_model_len)
+    runner = ModelRunner(model, num_blocks, block_size, device, kv_dtype)
+    actor = LLMEngine(runner, tokenizer, block_size=block_size, num_blocks=num_blocks,
+                      max_num_seqs=settings.engine.max_num_seqs,
+                      max_batch_tokens=settings.engine.max_batch_tokens,
+                      enable_prefix_caching=settings.engine.enable_prefix_caching)
+    info = ModelInfo(
+        path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,
+        format=weights.format, dtype=str(kv_dtype).removeprefix("torch."), device=str(device),
+        max_model_len=max_len, num_blocks=num_blocks, block_size=block_size, created=int(time.time()),
+        generation_defaults=_generation_defaults(path),
+    )
+    actor.start()
+    log.info("loaded %s from %s (%s, %s on %s) in %.1fs; KV pool %d blocks x %d tokens, context %d",
+             info.describe(), path, weights.format, info.dtype, device, time.perf_counter() - t0,
+             num_blocks, block_size, max_len)
+    return ServingEngine(info, tokenizer, template, actor, weights)

@@ -1,0 +1,52 @@
+"""Settings precedence: flags > env > file > defaults; unknown keys rejected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiln.config import ConfigError, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_without_file_or_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = load_settings(env={})
+    assert (s.server.host, s.server.port) == ("127.0.0.1", 8420)
+
+
+def test_file_then_env_then_flags(tmp_path):
+    cfg = tmp_path / "k.toml"
+    cfg.write_text('[server]\nport = 9001\nhost = "0.0.0.0"\n[engine]\nblock_size = 32\n')
+    s = load_settings(cfg, overrides={"server": {"host": "127.0.0.2"}}, env={"KILN_SERVER_PORT": "9002"})
+    assert s.server.port == 9002
+    assert s.server.host == "127.0.0.2"
+    assert s.engine.block_size == 32
+
+
+def test_unknown_toml_key_is_rejected(tmp_path):
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("[server]\nprot = 1\n")
+    with pytest.raises(ConfigError, match="server.prot"):
+        load_settings(cfg, env={})
+
+
+def test_env_booleans_and_unlimited_budget(tmp_path):
+    s = load_settings(None, env={"KILN_SERVER_EVAL_MODE": "yes",
+                                 "KILN_SERVER_DEFAULT_THINKING_BUDGET_TOKENS": "unlimited",
+                                 "KILN_SERVER_DEFAULT_THINKING_BUDGET_MS": "250"})
+    assert s.server.eval_mode is True
+    assert s.server.default_thinking_budget_tokens == "unlimited"
+    assert s.server.default_thinking_budget_ms == 250
+
+
+def test_bad_value_names_the_setting():
+    with pytest.raises(ConfigError, match="server.port"):
+        load_settings(None, env={"KILN_SERVER_PORT": "eighty"})
+
+
+def test_example_config_lists_valid_settings():
+    s = load_settings(ROOT / "kiln.example.toml", env={})
+    assert s.engine.max_batch_tokens == 512
