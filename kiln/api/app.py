@@ -15,6 +15,11 @@ from kiln.config import Settings
 # at app creation to build the stores it needs into `state.services`.
 ROUTER_MODULES = [
     "kiln.api.routers.system",
+    "kiln.api.routers.chat",
+    "kiln.api.routers.datasets",
+    "kiln.api.routers.judgments",
+    "kiln.api.routers.adapters",
+    "kiln.api.routers.eval_suites",
 ]
 
 
