@@ -1,0 +1,90 @@
+"""GGUF files: metadata as plain Python values, tensors dequantized and renamed to HF names."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from torch import Tensor
+
+from kiln.model.config import ModelConfig, UnsupportedModelError
+from kiln.model.gguf_file import GGUFTensor, read_gguf
+
+Q = GGMLQuantizationType
+SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no place in a llama/qwen2/qwen3 decoder")
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
+    """Undo llama.cpp's `LlamaModel.permute` (rows reordered for interleaved rotary) so the
+    rotate-half rotary of HF checkpoints applies. Works for weights `[out, in]` and biases `[out]`."""
+    rest = w.shape[1:]
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: str, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
+    """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`."""
+    gguf = read_gguf(path)
+    metadata = gguf.metadata
+    config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
+    unsupported = sorted({t.qtype.name for t in gguf.tensors if t.qtype not in SUPPORTED_QUANTS})
+    if unsupported:
+        raise UnsupportedModelError(
+            f"{path}: tensor types {', '.join(unsupported)} are not supported; supported: "
+            f"{', '.join(q.name for q in SUPPORTED_QUANTS)}"
+        )
+    tensors: dict[str, Tensor] = {}
+    for t in gguf.tensors:
+        w = dequantize_tensor(t)
+        if t.name == "rope_freqs.weight":
+            # llama.cpp's encoding of llama3 rope scaling: per-frequency divisors
+            scaling = {"rope_type": "freq_factors", "factors": w.float().tolist()}
+            config = dataclasses.replace(config, rope_scaling=scaling)
+            continue
+        if config.architecture == "llama":
+            if ".attn_q." in t.name:
+                w = unpermute_qk(w, config.num_attention_heads)
+            elif ".attn_k." in t.name:
+                w = unpermute_qk(w, config.num_key_value_heads)
+        tensors[hf_name(t.name)] = w.to(dtype)
+    return config, tensors, metadata
+
+
+def dequantize_tensor(t: GGUFTensor) -> Tensor:
+    """A float tensor of `t.shape` that owns its memory (F32/F16 are copied out of the mmap)."""
+    if t.qtype in (Q.F32, Q.F16):
+        return torch.from_numpy(np.array(t.data))
+    return torch.from_numpy(dequantize(t.data, t.qtype)).reshape(t.shape)

@@ -1,0 +1,125 @@
+"""Turn a batch of logits into one token per row (semantics.md §4.3).
+
+Order: penalties over generated tokens, temperature, top_k, min_p, top_p; each filter renormalises
+what the previous one left. Greedy rows take the argmax of the penalised logits. Sampling rows draw
+from their own `torch.Generator`, so a seeded sequence is reproducible whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from kiln.core.sampling import SamplingParams
+
+
+class Sampler:
+    def __call__(
+        self,
+        logits: Tensor,
+        params: list[SamplingParams],
+        output_ids: list[list[int]],
+        generators: list[torch.Generator],
+    ) -> tuple[Tensor, Tensor]:
+        """(token ids `[B]` int64, log-prob of each chosen token under its final distribution `[B]`)."""
+        logits = apply_penalties(logits.float(), params, output_ids)
+        tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        greedy = [i for i, p in enumerate(params) if p.is_greedy]
+        sampled = [i for i, p in enumerate(params) if not p.is_greedy]
+        if greedy:
+            rows = torch.tensor(greedy, device=logits.device)
+            lp = torch.log_softmax(logits[rows], dim=-1)
+            best = lp.argmax(dim=-1)
+            tokens[rows] = best
+            logprobs[rows] = lp.gather(1, best[:, None]).squeeze(1)
+        if sampled:
+            rows = torch.tensor(sampled, device=logits.device)
+            tok, lp = _sample(logits[rows], [params[i] for i in sampled], [generators[i] for i in sampled])
+            tokens[rows] = tok
+            logprobs[rows] = lp
+        return tokens, logprobs
+
+
+def apply_penalties(logits: Tensor, params: list[SamplingParams], output_ids: list[list[int]]) -> Tensor:
+    """Repetition (HF style), presence and frequency penalties over each row's generated tokens."""
+    rows = [
+        i for i, p in enumerate(params)
+        if output_ids[i]
+        and (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
+    ]
+    if not rows:
+        return logits
+    device, vocab = logits.device, logits.shape[1]
+    longest = max(len(output_ids[i]) for i in rows)
+    # pad with an extra bucket `vocab` that is dropped after counting
+    ids = torch.full((len(rows), longest), vocab, dtype=torch.int64)
+    for r, i in enumerate(rows):
+        ids[r, : len(output_ids[i])] = torch.tensor(output_ids[i], dtype=torch.int64)
+    ids = ids.to(device)
+    counts = torch.zeros(len(rows), vocab + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    counts = counts[:, :vocab]
+    seen = counts > 0
+
+    def column(name: str) -> Tensor:
+        return torch.tensor([getattr(params[i], name) for i in rows], dtype=torch.float32, device=device)[:, None]
+
+    idx = torch.tensor(rows, device=device)
+    sub = logits[idx]
+    rep = column("repetition_penalty")
+    penalised = torch.where(sub > 0, sub / rep, sub * rep)
+    sub = torch.where(seen, penalised, sub)
+    sub = sub - column("presence_penalty") * seen - column("frequency_penalty") * counts
+    logits = logits.clone()
+    logits[idx] = sub
+    return logits
+
+
+def _sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> tuple[Tensor, Tensor]:
+    vocab = logits.shape[1]
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    logits = logits / temps[:, None]
+    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    needs_order = any(k < vocab for k in ks) or any(0 < p.top_p < 1 for p in params)
+    if needs_order:
+        # candidates in descending order; top_k needs only the best max(k) of them
+        width = max(ks) if all(k < vocab for k in ks) else vocab
+        values, cand = torch.topk(logits, width, dim=-1) if width < vocab else logits.sort(dim=-1, descending=True)
+    else:
+        values = logits
+        cand = None
+    width = values.shape[1]
+    position = torch.arange(width, device=logits.device)[None, :]
+    if needs_order:
+        k_col = torch.tensor(ks, device=logits.device)[:, None]
+        values = values.masked_fill(position >= k_col, -math.inf)
+    probs = torch.softmax(values, dim=-1)
+    min_ps = [p.min_p if math.isfinite(p.min_p) and p.min_p > 0 else 0.0 for p in params]
+    if any(min_ps):
+        threshold = torch.tensor(min_ps, device=logits.device)[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = _renormalise(probs.masked_fill(probs < threshold, 0.0))
+    top_ps = [p.top_p if 0 < p.top_p < 1 else 1.0 for p in params]
+    if any(tp < 1.0 for tp in top_ps):
+        # probs are in descending order here: drop a token once the mass before it reaches top_p
+        before = torch.cumsum(probs, dim=-1) - probs
+        cut = before >= torch.tensor(top_ps, device=logits.device)[:, None]
+        cut[:, 0] = False
+        probs = _renormalise(probs.masked_fill(cut, 0.0))
+    picks = torch.stack([_draw(probs[r], g) for r, g in enumerate(generators)])
+    chosen_prob = probs.gather(1, picks[:, None]).squeeze(1)
+    tokens = picks if cand is None else cand.gather(1, picks[:, None]).squeeze(1)
+    return tokens, torch.log(chosen_prob)
+
+
+def _draw(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One index from `probs`; runs where the generator lives (CPU generators work for CUDA rows)."""
+    if probs.device != generator.device:
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator)[0].to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def _renormalise(probs: Tensor) -> Tensor:
+    return probs / probs.sum(dim=-1, keepdim=True)

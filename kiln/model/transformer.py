@@ -1,0 +1,307 @@
+"""Our decoder (llama / qwen2 / qwen3), with a paged serving path and a dense autograd path.
+
+Module names follow transformers (`model.layers.N.self_attn.q_proj`, ...) so HF checkpoints and
+PEFT adapter keys map 1:1. Attention never repeats K/V for GQA: in the paged path the query heads
+of one KV group are folded into the query-length axis, so one SDPA per group of sequences covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
+from kiln.model.rope import RotaryTables, apply_rope
+
+
+class Linear(nn.Linear):
+    """nn.Linear (so PEFT recognises it) that skips the init a checkpoint would overwrite."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, **factory: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, **factory))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+@dataclass
+class _StepContext:
+    """What every layer of one paged forward shares, computed once per step."""
+
+    cos: Tensor                     # [T, 1, head_dim]
+    sin: Tensor
+    attn: AttentionMetadata
+    decode_mask: Tensor | None      # [Bd, 1, 1, Lmax] bool, None when no padding is possible
+    prefill_masks: list[Tensor | None]   # [n*groups, L] bool per chunk, None for a chunk with no prefix
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.groups = cfg.num_query_groups
+        self.head_dim = cfg.head_dim
+        self.q_proj = Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.attention_bias, **factory)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias, **factory)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias, **factory)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False, **factory)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
+
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]` with rotary applied."""
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        q, k, v = self._qkv(x, ctx.cos, ctx.sin)
+        attn = ctx.attn
+        k_cache.index_copy_(0, attn.slot_mapping, k)
+        v_cache.index_copy_(0, attn.slot_mapping, v)
+        parts: list[Tensor] = []
+        bd = attn.num_decode_tokens
+        if bd:
+            parts.append(self._decode(q[:bd], attn.decode_context_slots, ctx.decode_mask, k_cache, v_cache))
+        for chunk, mask in zip(attn.prefills, ctx.prefill_masks, strict=True):
+            sl = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+            if mask is None:
+                parts.append(self._prefill_fresh(q[sl], k[sl], v[sl]))
+            else:
+                ck = k_cache.index_select(0, chunk.context_slots)
+                cv = v_cache.index_select(0, chunk.context_slots)
+                parts.append(self._prefill_with_context(q[sl], ck, cv, mask))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        return self.o_proj(out)
+
+    def _decode(self, q: Tensor, slots: Tensor, mask: Tensor | None, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        bd, lmax = slots.shape
+        flat = slots.reshape(-1)
+        # [Bd, Hkv, Lmax, D]; the query heads of a KV head ride on the query-length axis
+        ck = k_cache.index_select(0, flat).view(bd, lmax, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cv = v_cache.index_select(0, flat).view(bd, lmax, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        qg = q.view(bd, self.num_kv_heads, self.groups, self.head_dim)
+        out = F.scaled_dot_product_attention(qg, ck, cv, attn_mask=mask)
+        return out.reshape(bd, self.num_heads * self.head_dim)
+
+    def _prefill_fresh(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        n = q.shape[0]
+        # 4-D inputs: the CPU flash kernel does not take 3-D ones (they fall back to the math path)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            is_causal=True, enable_gqa=True,
+        )
+        return out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
+
+    def _prefill_with_context(self, q: Tensor, ck: Tensor, cv: Tensor, mask: Tensor) -> Tensor:
+        n = q.shape[0]
+        # [Hkv, n*groups, D] with row i*groups+g = query i, head g of the KV group
+        qg = q.view(n, self.num_kv_heads, self.groups, self.head_dim).transpose(0, 1)
+        qg = qg.reshape(self.num_kv_heads, n * self.groups, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            qg[None], ck.transpose(0, 1)[None], cv.transpose(0, 1)[None], attn_mask=mask[None, None]
+        )[0]
+        out = out.view(self.num_kv_heads, n, self.groups, self.head_dim).transpose(0, 1)
+        return out.reshape(n, self.num_heads * self.head_dim)
+
+    def forward_dense(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=mask, is_causal=mask is None, enable_gqa=True,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, **factory)
+        self.mlp = MLP(cfg, **factory)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        h = h + self.self_attn.forward_paged(self.input_layernorm(h), ctx, k_cache, v_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        h = h + self.self_attn.forward_dense(self.input_layernorm(h), cos, sin, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, **factory) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+
+class Transformer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype | str = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        init_weights: bool = True,
+    ) -> None:
+        """`init_weights=False` leaves the parameters uninitialised (allocated lazily, never touched)
+        for `load_state_dict_hf` to replace. The meta device is avoided on purpose: its first use
+        imports sympy and friends, over a second of startup."""
+        super().__init__()
+        self.config = config
+        dtype = resolve_torch_dtype(dtype)
+        factory = {"dtype": dtype, "device": device}
+        self.model = Backbone(config, **factory)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
+        self._tie()
+        if init_weights:
+            self._init_weights()
+        self.rotary = RotaryTables(config, dtype, device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.rotary.cos.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.rotary.cos.dtype
+
+    def _tie(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.weight.normal_(0.0, 0.02)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+
+    def load_state_dict_hf(self, tensors: dict[str, Tensor]) -> None:
+        """Adopt HF-named tensors as the parameters (converted only when dtype/device differ).
+
+        Every parameter must be present (a tied head may omit `lm_head.weight`); unknown keys are
+        an error, except rotary caches old checkpoints carry.
+        """
+        params = dict(self.named_parameters())
+        missing = [n for n in params if n not in tensors]
+        unexpected = [
+            n for n in tensors
+            if n not in params and not n.endswith("rotary_emb.inv_freq")
+            and not (n == "lm_head.weight" and self.config.tie_word_embeddings)
+        ]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        device, dtype = self.device, self.dtype
+        for name, param in params.items():
+            t = tensors[name]
+            if tuple(t.shape) != tuple(param.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)} != model shape {tuple(param.shape)}")
+            module_name, _, leaf = name.rpartition(".")
+            module = self.get_submodule(module_name)
+            data = t.to(device=device, dtype=dtype)
+            setattr(module, leaf, nn.Parameter(data, requires_grad=param.requires_grad))
+        self._tie()
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionMetadata, kv_cache: KVCache) -> Tensor:
+        """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`."""
+        with torch.no_grad():
+            ctx = self._step_context(positions, attn)
+            h = self.model.embed_tokens(input_ids)
+            for i, layer in enumerate(self.model.layers):
+                h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
+            return self.model.norm(h)
+
+    def _step_context(self, positions: Tensor, attn: AttentionMetadata) -> _StepContext:
+        self.rotary.ensure(attn.max_context_len)
+        cos = self.rotary.cos.index_select(0, positions).unsqueeze(1)
+        sin = self.rotary.sin_signed.index_select(0, positions).unsqueeze(1)
+        decode_mask = None
+        bd = attn.num_decode_tokens
+        if bd > 1:
+            lmax = attn.decode_context_slots.shape[1]
+            ar = torch.arange(lmax, device=positions.device)
+            decode_mask = (ar[None, :] < attn.decode_context_lens[:, None]).view(bd, 1, 1, lmax)
+        groups = self.config.num_query_groups
+        prefill_masks: list[Tensor | None] = []
+        for chunk in attn.prefills:
+            n, length = chunk.query_len, chunk.context_len
+            if n == length:
+                prefill_masks.append(None)
+                continue
+            q_pos = torch.arange(length - n, length, device=positions.device)
+            mask = torch.arange(length, device=positions.device)[None, :] <= q_pos[:, None]
+            prefill_masks.append(mask.repeat_interleave(groups, dim=0))
+        return _StepContext(cos, sin, attn, decode_mask, prefill_masks)
+
+    def forward_dense(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Causal forward over `[B, T]` with autograd and no cache; returns float32 logits `[B, T, V]`.
+
+        With `attention_mask` (1 = token, 0 = padding) positions count only real tokens, so left and
+        right padding both give each sequence the logits it would get alone.
+        """
+        b, t = input_ids.shape
+        self.rotary.ensure(t)
+        if attention_mask is None:
+            cos = self.rotary.cos[:t][None, :, None, :]
+            sin = self.rotary.sin_signed[:t][None, :, None, :]
+            mask = None
+        else:
+            am = attention_mask.to(device=input_ids.device, dtype=torch.bool)
+            pos = (am.long().cumsum(-1) - 1).clamp_min(0)
+            cos = self.rotary.cos[pos].unsqueeze(2)
+            sin = self.rotary.sin_signed[pos].unsqueeze(2)
+            causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+            # the diagonal stays visible so padded query rows never see an all-masked row (NaN)
+            mask = (causal[None] & am[:, None, :]) | torch.eye(t, dtype=torch.bool, device=input_ids.device)
+            mask = mask[:, None]
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer.forward_dense(h, cos, sin, mask)
+        return self.compute_logits(self.model.norm(h))
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()
