@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
+from kiln.model.lora import LoraBank, LoraStep
 from kiln.model.rope import RotaryTables, apply_rope
 
 
@@ -50,11 +51,24 @@ class _StepContext:
     attn: AttentionMetadata
     decode_mask: Tensor | None      # [Bd, 1, 1, Lmax] bool, None when no padding is possible
     prefill_masks: list[Tensor | None]   # [n*groups, L] bool per chunk, None for a chunk with no prefix
+    bank: LoraBank | None = None    # set only when some token of the step uses an adapter
+    lora: LoraStep | None = None
+
+
+def project(linear: nn.Linear, x: Tensor, ctx: _StepContext | None, layer: int, name: str) -> Tensor:
+    """Base projection for the whole batch, plus each token's own LoRA delta when it has one."""
+    y = linear(x)
+    if ctx is not None and ctx.lora is not None:
+        delta = ctx.bank.delta(x, layer, name, ctx.lora)  # type: ignore[union-attr]
+        if delta is not None:
+            y = y + delta
+    return y
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0, **factory: Any) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.groups = cfg.num_query_groups
@@ -68,19 +82,21 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor,
+             ctx: _StepContext | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]` with rotary applied."""
         lead = x.shape[:-1]
-        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        li = self.layer_idx
+        q = project(self.q_proj, x, ctx, li, "q_proj").view(*lead, self.num_heads, self.head_dim)
+        k = project(self.k_proj, x, ctx, li, "k_proj").view(*lead, self.num_kv_heads, self.head_dim)
+        v = project(self.v_proj, x, ctx, li, "v_proj").view(*lead, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        q, k, v = self._qkv(x, ctx.cos, ctx.sin)
+        q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx)
         attn = ctx.attn
         k_cache.index_copy_(0, attn.slot_mapping, k)
         v_cache.index_copy_(0, attn.slot_mapping, v)
@@ -97,7 +113,7 @@ class Attention(nn.Module):
                 cv = v_cache.index_select(0, chunk.context_slots)
                 parts.append(self._prefill_with_context(q[sl], ck, cv, mask))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return self.o_proj(out)
+        return project(self.o_proj, out, ctx, self.layer_idx, "o_proj")
 
     def _decode(self, q: Tensor, slots: Tensor, mask: Tensor | None, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         bd, lmax = slots.shape
@@ -140,27 +156,30 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0, **factory: Any) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: Tensor, ctx: _StepContext | None = None) -> Tensor:
+        li = self.layer_idx
+        h = F.silu(project(self.gate_proj, x, ctx, li, "gate_proj")) * project(self.up_proj, x, ctx, li, "up_proj")
+        return project(self.down_proj, h, ctx, li, "down_proj")
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0, **factory: Any) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, **factory)
-        self.mlp = MLP(cfg, **factory)
+        self.self_attn = Attention(cfg, layer_idx, **factory)
+        self.mlp = MLP(cfg, layer_idx, **factory)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
     def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         h = h + self.self_attn.forward_paged(self.input_layernorm(h), ctx, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), ctx)
 
     def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         h = h + self.self_attn.forward_dense(self.input_layernorm(h), cos, sin, mask)
@@ -171,7 +190,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, **factory) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, **factory) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
 
@@ -197,6 +216,8 @@ class Transformer(nn.Module):
         if init_weights:
             self._init_weights()
         self.rotary = RotaryTables(config, dtype, device)
+        # Adapters being served; the engine installs and grows it (never part of the state dict).
+        self.lora_bank: LoraBank | None = None
 
     @property
     def device(self) -> torch.device:
@@ -246,10 +267,15 @@ class Transformer(nn.Module):
             setattr(module, leaf, nn.Parameter(data, requires_grad=param.requires_grad))
         self._tie()
 
-    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionMetadata, kv_cache: KVCache) -> Tensor:
-        """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`."""
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionMetadata, kv_cache: KVCache,
+                lora: LoraStep | None = None) -> Tensor:
+        """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`.
+
+        `lora` routes tokens to adapter slots of `self.lora_bank` (None: every token uses the base)."""
         with torch.no_grad():
             ctx = self._step_context(positions, attn)
+            if lora is not None and self.lora_bank is not None:
+                ctx.bank, ctx.lora = self.lora_bank, lora
             h = self.model.embed_tokens(input_ids)
             for i, layer in enumerate(self.model.layers):
                 h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])

@@ -1,0 +1,128 @@
+"""Batched multi-adapter LoRA (S-LoRA / punica style): stacked A/B tensors and a per-token slot index.
+
+The base projection runs once for the whole batch; each token then adds its own low-rank delta
+`(x @ A[slot].T) @ B[slot].T` from the bank, so requests on different adapters (and the base, slot 0,
+whose factors are zero) share every step. Decode rows gather their slot's factors (BGMV); a prefill
+chunk belongs to one sequence, so it uses its slot's factors directly (SGMV over one segment).
+Adapters are never merged into the base weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from kiln.model.config import ModelConfig
+
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def module_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of every projection LoRA can target."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    return {
+        "q_proj": (h, cfg.num_attention_heads * d),
+        "k_proj": (h, cfg.num_key_value_heads * d),
+        "v_proj": (h, cfg.num_key_value_heads * d),
+        "o_proj": (cfg.num_attention_heads * d, h),
+        "gate_proj": (h, cfg.intermediate_size),
+        "up_proj": (h, cfg.intermediate_size),
+        "down_proj": (cfg.intermediate_size, h),
+    }
+
+
+@dataclass
+class LoraStep:
+    """Per-step routing: which slot each flat token uses. Built once per step, shared by every layer."""
+
+    decode_slots: Tensor | None                 # [Bd] slot per decode token (None: no decode uses LoRA)
+    num_decode: int
+    segments: list[tuple[int, int, int]] = field(default_factory=list)  # (start, length, slot), slot > 0
+
+
+class LoraBank:
+    """Factors of every loaded adapter revision, stacked by slot. Slot 0 is the base model (zeros)."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, rank: int, dtype: torch.dtype, device: torch.device):
+        self.cfg = cfg
+        self.shapes = module_shapes(cfg)
+        self.num_slots = num_slots
+        self.rank = rank
+        self.dtype = dtype
+        self.device = device
+        n_layers = cfg.num_hidden_layers
+        # A: [L, S, R, in]; B: [L, S, out, R] with the adapter's scale folded into B
+        self.a = {m: torch.zeros(n_layers, num_slots, rank, i, dtype=dtype, device=device)
+                  for m, (i, _) in self.shapes.items()}
+        self.b = {m: torch.zeros(n_layers, num_slots, o, rank, dtype=dtype, device=device)
+                  for m, (_, o) in self.shapes.items()}
+        # which modules any slot uses: skip the rest entirely
+        self.used: dict[str, set[int]] = {m: set() for m in MODULES}
+
+    def grown(self, num_slots: int, rank: int) -> LoraBank:
+        """A bigger bank holding the same factors (ranks zero-padded, which is exact)."""
+        new = LoraBank(self.cfg, max(num_slots, self.num_slots), max(rank, self.rank), self.dtype, self.device)
+        for m in MODULES:
+            new.a[m][:, : self.num_slots, : self.rank] = self.a[m]
+            new.b[m][:, : self.num_slots, :, : self.rank] = self.b[m]
+        new.used = {m: set(s) for m, s in self.used.items()}
+        return new
+
+    def set_slot(self, slot: int, modules: Mapping[tuple[int, str], tuple[Tensor, Tensor, float]]) -> None:
+        """Write one adapter's factors into `slot` (rank <= bank rank; the caller grows the bank first)."""
+        if not 0 < slot < self.num_slots:
+            raise ValueError(f"slot {slot} is outside 1..{self.num_slots - 1}")
+        self.clear_slot(slot)
+        for (layer, name), (a, b, scale) in modules.items():
+            r = a.shape[0]
+            if r > self.rank:
+                raise ValueError(f"rank {r} exceeds the bank rank {self.rank}")
+            self.a[name][layer, slot, :r] = a.to(self.dtype)
+            self.b[name][layer, slot, :, :r] = (b.float() * scale).to(self.dtype)
+            self.used[name].add(slot)
+
+    def clear_slot(self, slot: int) -> None:
+        for m in MODULES:
+            self.a[m][:, slot].zero_()
+            self.b[m][:, slot].zero_()
+            self.used[m].discard(slot)
+
+    def delta(self, x: Tensor, layer: int, name: str, step: LoraStep) -> Tensor | None:
+        """The summed LoRA contribution for flat tokens `x` `[T, in]`, or None when no token has one."""
+        if not self.used[name]:
+            return None
+        a, b = self.a[name][layer], self.b[name][layer]
+        out: Tensor | None = None
+        if step.decode_slots is not None:
+            xd = x[: step.num_decode].unsqueeze(1)                    # [Bd, 1, in]
+            xa = torch.bmm(xd, a[step.decode_slots].transpose(1, 2))  # [Bd, 1, R]
+            yd = torch.bmm(xa, b[step.decode_slots].transpose(1, 2)).squeeze(1)
+            out = torch.zeros(x.shape[0], yd.shape[1], dtype=x.dtype, device=x.device)
+            out[: step.num_decode] = yd
+        for start, length, slot in step.segments:
+            if slot not in self.used[name]:
+                continue
+            seg = x[start : start + length]
+            y = (seg @ a[slot].T) @ b[slot].T
+            if out is None:
+                out = torch.zeros(x.shape[0], y.shape[1], dtype=x.dtype, device=x.device)
+            out[start : start + length] += y
+        return out
+
+
+def build_lora_step(slots: list[int], lengths: list[int], num_decode: int, device: torch.device) -> LoraStep | None:
+    """`slots`/`lengths`: one entry per scheduled item in flat order (decodes first). None: all base."""
+    if not any(slots):
+        return None
+    decode = slots[:num_decode]
+    decode_slots = torch.tensor(decode, dtype=torch.long, device=device) if any(decode) else None
+    segments = []
+    start = num_decode
+    for slot, n in zip(slots[num_decode:], lengths[num_decode:], strict=True):
+        if slot:
+            segments.append((start, n, slot))
+        start += n
+    return LoraStep(decode_slots, num_decode, segments)
