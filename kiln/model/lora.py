@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -111,6 +112,23 @@ class LoraBank:
                 out = torch.zeros(x.shape[0], y.shape[1], dtype=x.dtype, device=x.device)
             out[start : start + length] += y
         return out
+
+
+class LoraDelta(Protocol):
+    """Anything that adds a low-rank delta to a projection: the serving bank or trainable factors."""
+
+    def delta(self, x: Tensor, layer: int, name: str) -> Tensor | None: ...
+
+
+@dataclass
+class BankRouting:
+    """The bank plus this step's slot routing, as a LoraDelta for the paged forward."""
+
+    bank: LoraBank
+    step: LoraStep
+
+    def delta(self, x: Tensor, layer: int, name: str) -> Tensor | None:
+        return self.bank.delta(x, layer, name, self.step)
 
 
 def build_lora_step(slots: list[int], lengths: list[int], num_decode: int, device: torch.device) -> LoraStep | None:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
-from kiln.model.lora import LoraBank, LoraStep
+from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.rope import RotaryTables, apply_rope
 
 
@@ -51,15 +51,14 @@ class _StepContext:
     attn: AttentionMetadata
     decode_mask: Tensor | None      # [Bd, 1, 1, Lmax] bool, None when no padding is possible
     prefill_masks: list[Tensor | None]   # [n*groups, L] bool per chunk, None for a chunk with no prefix
-    bank: LoraBank | None = None    # set only when some token of the step uses an adapter
-    lora: LoraStep | None = None
+    lora: LoraDelta | None = None   # set only when some token of the step uses an adapter
 
 
-def project(linear: nn.Linear, x: Tensor, ctx: _StepContext | None, layer: int, name: str) -> Tensor:
+def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, name: str) -> Tensor:
     """Base projection for the whole batch, plus each token's own LoRA delta when it has one."""
     y = linear(x)
-    if ctx is not None and ctx.lora is not None:
-        delta = ctx.bank.delta(x, layer, name, ctx.lora)  # type: ignore[union-attr]
+    if lora is not None:
+        delta = lora.delta(x, layer, name)
         if delta is not None:
             y = y + delta
     return y
@@ -83,20 +82,20 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor,
-             ctx: _StepContext | None = None) -> tuple[Tensor, Tensor, Tensor]:
+             lora: LoraDelta | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]` with rotary applied."""
         lead = x.shape[:-1]
         li = self.layer_idx
-        q = project(self.q_proj, x, ctx, li, "q_proj").view(*lead, self.num_heads, self.head_dim)
-        k = project(self.k_proj, x, ctx, li, "k_proj").view(*lead, self.num_kv_heads, self.head_dim)
-        v = project(self.v_proj, x, ctx, li, "v_proj").view(*lead, self.num_kv_heads, self.head_dim)
+        q = project(self.q_proj, x, lora, li, "q_proj").view(*lead, self.num_heads, self.head_dim)
+        k = project(self.k_proj, x, lora, li, "k_proj").view(*lead, self.num_kv_heads, self.head_dim)
+        v = project(self.v_proj, x, lora, li, "v_proj").view(*lead, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx)
+        q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx.lora)
         attn = ctx.attn
         k_cache.index_copy_(0, attn.slot_mapping, k)
         v_cache.index_copy_(0, attn.slot_mapping, v)
@@ -113,7 +112,7 @@ class Attention(nn.Module):
                 cv = v_cache.index_select(0, chunk.context_slots)
                 parts.append(self._prefill_with_context(q[sl], ck, cv, mask))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return project(self.o_proj, out, ctx, self.layer_idx, "o_proj")
+        return project(self.o_proj, out, ctx.lora, self.layer_idx, "o_proj")
 
     def _decode(self, q: Tensor, slots: Tensor, mask: Tensor | None, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         bd, lmax = slots.shape
@@ -145,14 +144,16 @@ class Attention(nn.Module):
         out = out.view(self.num_kv_heads, n, self.groups, self.head_dim).transpose(0, 1)
         return out.reshape(n, self.num_heads * self.head_dim)
 
-    def forward_dense(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+    def forward_dense(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                      lora: LoraDelta | None = None) -> Tensor:
         b, t, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, cos, sin, lora)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=mask, is_causal=mask is None, enable_gqa=True,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return project(self.o_proj, out, lora, self.layer_idx, "o_proj")
 
 
 class MLP(nn.Module):
@@ -163,10 +164,10 @@ class MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
 
-    def forward(self, x: Tensor, ctx: _StepContext | None = None) -> Tensor:
+    def forward(self, x: Tensor, lora: LoraDelta | None = None) -> Tensor:
         li = self.layer_idx
-        h = F.silu(project(self.gate_proj, x, ctx, li, "gate_proj")) * project(self.up_proj, x, ctx, li, "up_proj")
-        return project(self.down_proj, h, ctx, li, "down_proj")
+        h = F.silu(project(self.gate_proj, x, lora, li, "gate_proj")) * project(self.up_proj, x, lora, li, "up_proj")
+        return project(self.down_proj, h, lora, li, "down_proj")
 
 
 class DecoderLayer(nn.Module):
@@ -179,11 +180,12 @@ class DecoderLayer(nn.Module):
 
     def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         h = h + self.self_attn.forward_paged(self.input_layernorm(h), ctx, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h), ctx)
+        return h + self.mlp(self.post_attention_layernorm(h), ctx.lora)
 
-    def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
-        h = h + self.self_attn.forward_dense(self.input_layernorm(h), cos, sin, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                      lora: LoraDelta | None = None) -> Tensor:
+        h = h + self.self_attn.forward_dense(self.input_layernorm(h), cos, sin, mask, lora)
+        return h + self.mlp(self.post_attention_layernorm(h), lora)
 
 
 class Backbone(nn.Module):
@@ -275,7 +277,7 @@ class Transformer(nn.Module):
         with torch.no_grad():
             ctx = self._step_context(positions, attn)
             if lora is not None and self.lora_bank is not None:
-                ctx.bank, ctx.lora = self.lora_bank, lora
+                ctx.lora = BankRouting(self.lora_bank, lora)
             h = self.model.embed_tokens(input_ids)
             for i, layer in enumerate(self.model.layers):
                 h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
@@ -303,7 +305,8 @@ class Transformer(nn.Module):
             prefill_masks.append(mask.repeat_interleave(groups, dim=0))
         return _StepContext(cos, sin, attn, decode_mask, prefill_masks)
 
-    def forward_dense(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def forward_dense(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                      lora: LoraDelta | None = None) -> Tensor:
         """Causal forward over `[B, T]` with autograd and no cache; returns float32 logits `[B, T, V]`.
 
         With `attention_mask` (1 = token, 0 = padding) positions count only real tokens, so left and
@@ -326,7 +329,7 @@ class Transformer(nn.Module):
             mask = mask[:, None]
         h = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            h = layer.forward_dense(h, cos, sin, mask)
+            h = layer.forward_dense(h, cos, sin, mask, lora)
         return self.compute_logits(self.model.norm(h))
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
