@@ -16,10 +16,16 @@ from kiln.config import Settings
 ROUTER_MODULES = [
     "kiln.api.routers.system",
     "kiln.api.routers.chat",
+    "kiln.api.routers.completions",
+    "kiln.api.routers.batch",
+    "kiln.api.routers.metrics",
     "kiln.api.routers.datasets",
     "kiln.api.routers.judgments",
     "kiln.api.routers.adapters",
     "kiln.api.routers.eval_suites",
+    "kiln.api.routers.synthesis",
+    "kiln.api.routers.eval_jobs",
+    "kiln.api.routers.train",
 ]
 
 

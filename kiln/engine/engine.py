@@ -3,7 +3,11 @@
 HTTP handlers never touch the model: they submit a request to the actor's inbox and read token
 events from an asyncio queue the actor fills with `loop.call_soon_threadsafe`. Between steps the
 actor drains its inbox, so new requests join a running batch at the next step and aborted ones
-(a client that went away) free their blocks at once.
+(a client that went away) free their blocks at once. Prompt scoring (/v1/completions) also runs on
+the actor, between steps, since only the actor may touch the model.
+
+The actor times every request (kiln.engine.timing): inbox wait, admission, the steps that carried
+its prompt and its decodes, pacing sleeps, and per token when it was ready and handed off.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from kiln.core.sequence import Sequence
 from kiln.core.stop import StopMatcher
 from kiln.engine.detokenizer import IncrementalDetokenizer
 from kiln.engine.runner import ModelRunner
+from kiln.engine.scoring import PromptScores
+from kiln.engine.timing import ChoiceStats, StepTiming
 from kiln.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.engine")
@@ -46,6 +52,14 @@ class ChoiceEvent:
     forced: list[bool] = field(default_factory=list)
     # choices[].thinking_budget outcome, on the finishing event when a controller ran
     budget_outcome: dict | None = None
+    # perf_counter() when the actor handed the event to the handler's loop / the handler dequeued it
+    delivered_at: float | None = None
+    received_at: float | None = None
+    # the model step that produced the token(s), and actor pacing since this choice's previous token
+    step: StepTiming | None = None
+    idle_ms: float = 0.0
+    # the choice's actor-side timings so far, on its first token's event and on the finishing event
+    stats: ChoiceStats | None = None
 
 
 @dataclass
@@ -57,6 +71,8 @@ class _Choice:
     emit: Callable[[ChoiceEvent], None]
     request_id: str
     budget: ThinkingBudgetController | None = None
+    stats: ChoiceStats = field(default_factory=lambda: ChoiceStats(time.perf_counter()))
+    idle_ms: float = 0.0  # pacing since the previous token
 
 
 @dataclass
@@ -66,11 +82,37 @@ class _Submit:
     params: list[SamplingParams]
     emit: Callable[[ChoiceEvent], None]
     budgets: list[ThinkingBudgetController | None] | None = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _SubmitMany:
+    """Several requests admitted in one inbox drain, so they start in the same step (batch endpoint)."""
+
+    items: list[_Submit]
 
 
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Score:
+    token_ids: list[int]
+    top_k: int
+    done: Callable[[PromptScores | None, Exception | None], None]
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic totals for /metrics."""
+
+    steps: int = 0
+    tokens_generated: int = 0
+    prefill_tokens: int = 0
+    requests_admitted: int = 0
+    prompts_scored: int = 0
 
 
 class LLMEngine:
@@ -90,6 +132,8 @@ class LLMEngine:
         self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
         self.steps = 0
         self.last_step_at = time.monotonic()
+        self.counters = EngineCounters()
+        self.prewarmed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,11 +153,27 @@ class LLMEngine:
                budgets: list[ThinkingBudgetController | None] | None = None) -> None:
         self._inbox.put(_Submit(request_id, prompt_ids, params, emit, budgets))
 
+    def submit_many(self, requests: list[tuple[str, list[int], list[SamplingParams], Callable[[ChoiceEvent], None],
+                                               list[ThinkingBudgetController | None] | None]]) -> None:
+        """Submit several requests as one inbox message: they join the batch at the same step."""
+        now = time.perf_counter()
+        self._inbox.put(_SubmitMany([_Submit(*r, submitted_at=now) for r in requests]))
+
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
+    def score(self, token_ids: list[int], top_k: int,
+              done: Callable[[PromptScores | None, Exception | None], None]) -> None:
+        """Score a prompt's log-probs on the actor thread between steps; `done(result, error)`."""
+        self._inbox.put(_Score(token_ids, top_k, done))
+
     # -- the actor -------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self.runner.warmup()
+            self.prewarmed = True
+        except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request some time
+            log.exception("engine warm-up failed")
         while not self._stop.is_set():
             try:
                 self._drain_inbox(block=not self.scheduler.has_work())
@@ -134,26 +194,48 @@ class LLMEngine:
         while True:
             if isinstance(msg, _Submit):
                 self._admit(msg)
+            elif isinstance(msg, _SubmitMany):
+                for item in msg.items:
+                    self._admit(item)
             elif isinstance(msg, _Abort):
                 self._abort(msg.request_id)
+            elif isinstance(msg, _Score):
+                self._score(msg)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
+    def _score(self, msg: _Score) -> None:
+        result: PromptScores | None = None
+        error: Exception | None = None
+        try:
+            result = self.runner.score(msg.token_ids, msg.top_k)
+            self.counters.prompts_scored += 1
+        except Exception as e:  # noqa: BLE001 - handed to the waiting handler
+            error = e
+        try:
+            msg.done(result, error)
+        except RuntimeError:  # the handler's loop is gone (timed out or shut down)
+            log.debug("scoring result had no one waiting")
+
     def _admit(self, msg: _Submit) -> None:
         first: Sequence | None = None
         choices: list[_Choice] = []
+        received = time.perf_counter()
+        self.counters.requests_admitted += 1
         for index, params in enumerate(msg.params):
             seq = Sequence(next(self._seq_ids), list(msg.prompt_ids), params)
             seq.wait_for = first  # later choices reuse the first choice's prompt blocks
             first = first or seq
             choice = _Choice(seq, index, IncrementalDetokenizer(self.tokenizer, msg.prompt_ids),
                              StopMatcher(params.stop), msg.emit, msg.request_id,
-                             msg.budgets[index] if msg.budgets else None)
+                             msg.budgets[index] if msg.budgets else None,
+                             ChoiceStats(msg.submitted_at, received_at=received))
             choices.append(choice)
             if params.max_tokens <= 0:
-                msg.emit(ChoiceEvent(index, "", [], [], finish_reason="length"))
+                msg.emit(ChoiceEvent(index, "", [], [], finish_reason="length", delivered_at=time.perf_counter(),
+                                     stats=choice.stats.snapshot()))
                 continue
             self._choices[seq.seq_id] = choice
             self.scheduler.add(seq)
@@ -166,11 +248,24 @@ class LLMEngine:
                 self.runner.release(choice.seq.seq_id)
 
     def _step(self) -> None:
+        started = time.perf_counter()
         out = self.scheduler.schedule()
         if not out.items:
             time.sleep(0.001)  # waiting work that cannot be admitted yet
+            idle = (time.perf_counter() - started) * 1000.0
+            for choice in self._choices.values():
+                choice.stats.idle_ms += idle
+                choice.idle_ms += idle
             return
+        prefilling = {it.seq.seq_id: it.num_new_tokens > 1 or it.seq.num_computed_tokens < it.seq.num_prompt_tokens
+                      for it in out.items}
+        for it in out.items:
+            choice = self._choices.get(it.seq.seq_id)
+            if choice is not None and choice.stats.admitted_at is None:
+                choice.stats.admitted_at = started
         results = self.runner.step(out)
+        timing = self.runner.last_timing
+        self._account(out, prefilling, timing, results)
         for seq_id, res in results.items():
             choice = self._choices.get(seq_id)
             if choice is not None and choice.budget is not None:
@@ -184,10 +279,31 @@ class LLMEngine:
         for seq_id, res in results.items():
             choice = self._choices.get(seq_id)
             if choice is not None:
-                self._on_token(choice, res.token_id, res.logprob, now, res.forced)
+                self._on_token(choice, res.token_id, res.logprob, now, res.forced, timing)
+
+    def _account(self, out, prefilling: dict[int, bool], timing: StepTiming, results: dict) -> None:
+        """Charge the step to each request it carried (a shared step counts fully for each)."""
+        for it in out.items:
+            choice = self._choices.get(it.seq.seq_id)
+            if prefilling[it.seq.seq_id]:
+                self.counters.prefill_tokens += it.num_new_tokens
+            if choice is None:
+                continue
+            stats = choice.stats
+            if prefilling[it.seq.seq_id]:
+                stats.prefill_ms += timing.forward_ms
+                stats.prefill_tokens += it.num_new_tokens
+                stats.cached_tokens = max(stats.cached_tokens, it.seq.num_cached_tokens)
+            else:
+                stats.decode_ms += timing.forward_ms
+            if it.seq.seq_id in results:
+                stats.sampling_ms += timing.sampling_ms
+                stats.readback_ms += timing.readback_ms
+        self.counters.steps += 1
+        self.counters.tokens_generated += len(results)
 
     def _on_token(self, choice: _Choice, token: int, logprob: float | None, now: float,
-                  forced: bool = False) -> None:
+                  forced: bool = False, step: StepTiming | None = None) -> None:
         seq, params = choice.seq, choice.seq.params
         finish: str | None = None
         text = ""
@@ -203,12 +319,20 @@ class LLMEngine:
                 text += tail if stopped else tail + choice.stop.flush()
                 finish = "stop" if stopped else "length"
         outcome = None
+        first = choice.stats.first_token_at is None
+        if first:
+            choice.stats.first_token_at = now
         if finish is not None:
             self._finish(choice, finish)
             if choice.budget is not None:
                 outcome = choice.budget.outcome(seq.num_output_tokens)
+        idle, choice.idle_ms = choice.idle_ms, 0.0
         choice.emit(ChoiceEvent(choice.index, text, [token], [logprob], finish, [now], forced=[forced],
-                                budget_outcome=outcome))
+                                budget_outcome=outcome, step=step, idle_ms=idle,
+                                # the first token's event carries queue/admission/prefill times for
+                                # its timing event; the last one carries the totals
+                                stats=choice.stats.snapshot() if first or finish is not None else None,
+                                delivered_at=time.perf_counter()))
 
     def _finish(self, choice: _Choice, reason: str) -> None:
         self._choices.pop(choice.seq.seq_id, None)
@@ -221,7 +345,16 @@ class LLMEngine:
     def _fail_all(self, message: str) -> None:
         for choice in list(self._choices.values()):
             self._finish(choice, "error")
-            choice.emit(ChoiceEvent(choice.index, "", [], [], "error", error=message))
+            choice.emit(ChoiceEvent(choice.index, "", [], [], "error", error=message,
+                                    delivered_at=time.perf_counter(), stats=choice.stats.snapshot()))
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: list[SamplingParams]
+    budgets: list[ThinkingBudgetController | None] | None = None
+    request_id: str | None = None
 
 
 class AsyncEngine:
@@ -235,21 +368,48 @@ class AsyncEngine:
                        request_id: str | None = None,
                        budgets: list[ThinkingBudgetController | None] | None = None,
                        ) -> AsyncIterator[ChoiceEvent]:
+        async for _, ev in self.generate_many([GenerationRequest(prompt_ids, params, budgets, request_id)]):
+            yield ev
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, ChoiceEvent]]:
+        """Events of several requests, submitted to the actor at once, as (request index, event)."""
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
-        rid = request_id or f"req-{next(self._ids)}"
-        pending = set(range(len(params)))
+        events: asyncio.Queue[tuple[int, ChoiceEvent]] = asyncio.Queue()
+        rids = [r.request_id or f"req-{next(self._ids)}" for r in requests]
+        pending = {(i, c) for i, r in enumerate(requests) for c in range(len(r.params))}
 
-        def emit(ev: ChoiceEvent) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, ev)
+        def emitter(i: int) -> Callable[[ChoiceEvent], None]:
+            def emit(ev: ChoiceEvent) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, (i, ev))
+            return emit
 
-        self.actor.submit(rid, prompt_ids, params, emit, budgets)
+        self.actor.submit_many([(rid, r.prompt_ids, r.params, emitter(i), r.budgets)
+                                for i, (rid, r) in enumerate(zip(rids, requests, strict=True))])
         try:
             while pending:
-                ev = await events.get()
+                i, ev = await events.get()
+                ev.received_at = time.perf_counter()
                 if ev.finish_reason is not None:
-                    pending.discard(ev.index)
-                yield ev
+                    pending.discard((i, ev.index))
+                yield i, ev
         finally:
-            if pending:  # the consumer went away (client disconnect): free the blocks now
-                self.actor.abort(rid)
+            # the consumer went away (client disconnect): free the blocks now
+            for i in sorted({i for i, _ in pending}):
+                self.actor.abort(rids[i])
+
+    async def score(self, token_ids: list[int], top_k: int) -> PromptScores:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[PromptScores] = loop.create_future()
+
+        def done(result: PromptScores | None, error: Exception | None) -> None:
+            def settle() -> None:
+                if fut.done():
+                    return
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(result)  # type: ignore[arg-type]
+            loop.call_soon_threadsafe(settle)
+
+        self.actor.score(token_ids, top_k, done)
+        return await fut

@@ -1,14 +1,22 @@
-"""ModelRunner: owns the model and the KV tensors, and turns one scheduled step into sampled tokens."""
+"""ModelRunner: owns the model and the KV tensors, and turns one scheduled step into sampled tokens.
+
+Each step is timed in three parts (model forward, sampling, host readback) for the latency
+diagnostics; on CUDA the parts are measured with events, so timing adds no synchronization.
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
 from kiln.core.scheduler import SchedulerOutput
 from kiln.core.sequence import Sequence
+from kiln.engine.scoring import PromptScores, compute_prompt_scores
+from kiln.engine.timing import StepTiming
 from kiln.model.kv_cache import KVCache, build_attention_metadata
 from kiln.model.sampler import Sampler
 from kiln.model.transformer import Transformer
@@ -30,9 +38,24 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.kv_dtype = kv_dtype
         self.kv_cache = KVCache(model.config, num_blocks, block_size, kv_dtype, device)
         self.sampler = Sampler()
         self._generators: dict[int, torch.Generator] = {}
+        self.last_timing = StepTiming(0.0, 0.0, 0.0)
+
+    @property
+    def backend(self) -> str:
+        """The generation backend name (rollout provenance `generation_backend`, /health `backend`)."""
+        return f"kiln-torch-{self.device.type}"
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return KVCache.bytes_per_block(self.model.config, self.block_size, self.kv_dtype) * self.num_blocks
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         gen = self._generators.get(seq.seq_id)
@@ -47,10 +70,23 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)
 
+    def warmup(self) -> None:
+        """One tiny dense forward, so the first request does not pay for lazy kernel set-up."""
+        with torch.inference_mode():
+            self.model.forward_dense(torch.zeros((1, 2), dtype=torch.long, device=self.device))
+
+    def score(self, token_ids: list[int], top_k: int) -> PromptScores:
+        """Prompt log-probs (POST /v1/completions); the caller is the actor thread."""
+        return compute_prompt_scores(self.model, token_ids, top_k)
+
     @torch.inference_mode()
     def step(self, out: SchedulerOutput) -> dict[int, StepResult]:
         if not out.items:
             return {}
+        clock = _StepClock(self.device)
+        # prompt chunks (first prefill or a preempted sequence's recompute) make this a prefill step
+        had_prefill = any(it.num_new_tokens > 1 or it.seq.num_computed_tokens < it.seq.num_prompt_tokens
+                          for it in out.items)
         input_ids: list[int] = []
         meta_items = []
         for item in out.items:
@@ -73,8 +109,11 @@ class ModelRunner:
                 rows.append(offset - 1)
                 sampled_items.append(item)
         if not rows:
+            (forward_ms,) = clock.finish()
+            self.last_timing = StepTiming(forward_ms, 0.0, 0.0, had_prefill)
             return {}
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        clock.mark()
         seqs = [it.seq for it in sampled_items]
         tokens, logprobs = self.sampler(
             logits,
@@ -82,6 +121,34 @@ class ModelRunner:
             [s.output_token_ids for s in seqs],
             [self.generator_for(s) for s in seqs],
         )
+        clock.mark()
         tokens_l = tokens.tolist()
         logprobs_l = logprobs.tolist()
+        forward_ms, sampling_ms, readback_ms = clock.finish()
+        self.last_timing = StepTiming(forward_ms, sampling_ms, readback_ms, had_prefill)
         return {s.seq_id: StepResult(t, lp) for s, t, lp in zip(seqs, tokens_l, logprobs_l, strict=True)}
+
+
+class _StepClock:
+    """Consecutive intervals of one step: perf_counter on CPU; CUDA events on a GPU (device time),
+    read only after the step's own readback has synchronized the stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def finish(self) -> tuple[float, ...]:
+        self.mark()
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return tuple(a.elapsed_time(b) for a, b in itertools.pairwise(self.marks))
+        return tuple((b - a) * 1000.0 for a, b in itertools.pairwise(self.marks))

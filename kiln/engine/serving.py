@@ -13,10 +13,13 @@ from typing import Any
 import torch
 
 from kiln.config import Settings
-from kiln.core.sampling import SamplingParams
+from kiln.core.sampling import SamplingParams, resolve_sampling
+from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.engine.chat_template import ChatTemplate
-from kiln.engine.engine import AsyncEngine, LLMEngine
+from kiln.engine.engine import AsyncEngine, GenerationRequest, LLMEngine
+from kiln.engine.provenance import PolicyIdentity, ServingIdentity, serving_identity, tagged
 from kiln.engine.runner import ModelRunner
+from kiln.engine.scoring import PromptScores
 from kiln.engine.tokenizer import Tokenizer
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
@@ -47,6 +50,37 @@ class ModelInfo:
     def describe(self) -> str:
         c = self.config
         return f"{self.served_model_id} ({c.num_hidden_layers}L, {c.num_attention_heads}H, {c.num_key_value_heads}KV)"
+
+    def default_sampling(self, settings: Settings, *, has_tools: bool = False) -> SamplingParams:
+        """What a request that sets no sampling field gets (semantics.md §0, §4.2)."""
+        return resolve_sampling({}, preset=None, qwen3_family=self.qwen3_family, has_tools=has_tools,
+                                model_defaults=self.generation_defaults, eval_mode=settings.server.eval_mode)
+
+
+def sampling_dict(p: SamplingParams) -> dict[str, Any]:
+    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+            "repetition_penalty": p.repetition_penalty, "presence_penalty": p.presence_penalty,
+            "frequency_penalty": p.frequency_penalty, "max_tokens": p.max_tokens, "seed": p.seed}
+
+
+def effective_inference_config(settings: Settings, info: ModelInfo, backend: str) -> dict[str, Any]:
+    """The resolved inference policy: everything here can change what a request generates.
+    Its canonical-JSON hash is `effective_config_hash` and the provenance `inference_config_sha256`."""
+    srv = settings.server
+    eng = settings.engine
+    return {
+        "served_model_id": info.served_model_id,
+        "model": {"architecture": info.config.architecture, "format": info.format, "dtype": info.dtype,
+                  "device": info.device, "max_model_len": info.max_model_len},
+        "backend": backend,
+        "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
+                   "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching},
+        "server": {"eval_mode": srv.eval_mode, "default_thinking_enabled": srv.default_thinking_enabled,
+                   **ServerBudgetDefaults.from_settings(srv).to_dict(),
+                   "fold_reasoning_into_content": srv.fold_reasoning_into_content},
+        "default_sampling": sampling_dict(info.default_sampling(settings)),
+        "default_sampling_with_tools": sampling_dict(info.default_sampling(settings, has_tools=True)),
+    }
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,13 +118,30 @@ class ServingEngine:
     """Everything the API needs from the model: tokenizer, template, limits and `generate`."""
 
     def __init__(self, info: ModelInfo, tokenizer: Tokenizer, template: ChatTemplate, actor: LLMEngine,
-                 weights: LoadedWeights) -> None:
+                 weights: LoadedWeights, identity: ServingIdentity | None = None,
+                 effective_config: dict[str, Any] | None = None) -> None:
         self.info = info
         self.tokenizer = tokenizer
         self.template = template
         self.actor = actor
         self.weights = weights
         self.async_engine = AsyncEngine(actor)
+        self.identity = identity
+        self.effective_config = effective_config or {}
+        self.effective_config_sha256 = tagged(self.effective_config)
+
+    @property
+    def backend(self) -> str:
+        return self.actor.runner.backend
+
+    def policy(self) -> PolicyIdentity | None:
+        """The behavior-policy identity for rollout provenance; None without a content identity."""
+        if self.identity is None:
+            return None
+        return PolicyIdentity(self.info.served_model_id, self.identity, self.effective_config_sha256, self.backend)
+
+    def config_hashes(self) -> dict[str, str] | None:
+        return None if self.identity is None else self.identity.config_hashes(self.effective_config_sha256)
 
     # -- health ----------------------------------------------------------------------------------
     def describe(self) -> str:
@@ -101,6 +152,19 @@ class ServingEngine:
 
     def shutdown(self) -> None:
         self.actor.shutdown()
+
+    def scheduler_snapshot(self) -> dict[str, int]:
+        """Read from another thread without a lock: plain ints, at worst one step stale."""
+        bm = self.actor.block_manager
+        return {"waiting": self.actor.scheduler.num_waiting, "running": self.actor.scheduler.num_running,
+                "blocks_used": bm.num_used_blocks, "blocks_free": bm.num_free_blocks, "blocks_total": bm.num_blocks}
+
+    def responsive(self, stall_s: float = 30.0) -> bool:
+        """The actor thread lives, and steps regularly while it has work."""
+        if not self.actor.is_alive():
+            return False
+        busy = self.actor.scheduler.has_work()
+        return not busy or time.monotonic() - self.actor.last_step_at < stall_s
 
     # -- requests --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
@@ -125,6 +189,12 @@ class ServingEngine:
     def generate(self, prompt_ids: list[int], params: list[SamplingParams], request_id: str | None = None,
                  budgets: list | None = None):
         return self.async_engine.generate(prompt_ids, params, request_id, budgets)
+
+    def generate_many(self, requests: list[GenerationRequest]):
+        return self.async_engine.generate_many(requests)
+
+    async def score(self, token_ids: list[int], top_k: int) -> PromptScores:
+        return await self.async_engine.score(token_ids, top_k)
 
     @property
     def close_think_ids(self) -> list[int]:
@@ -169,8 +239,10 @@ def build_serving_engine(settings: Settings) -> ServingEngine:
         max_model_len=max_len, num_blocks=num_blocks, block_size=block_size, created=int(time.time()),
         generation_defaults=_generation_defaults(path),
     )
+    identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
     actor.start()
-    log.info("loaded %s from %s (%s, %s on %s) in %.1fs; KV pool %d blocks x %d tokens, context %d",
+    log.info("loaded %s from %s (%s, %s on %s) in %.1fs; KV pool %d blocks x %d tokens, context %d; weights %s",
              info.describe(), path, weights.format, info.dtype, device, time.perf_counter() - t0,
-             num_blocks, block_size, max_len)
-    return ServingEngine(info, tokenizer, template, actor, weights)
+             num_blocks, block_size, max_len, identity.base_model_sha256)
+    return ServingEngine(info, tokenizer, template, actor, weights, identity,
+                         effective_inference_config(settings, info, runner.backend))

@@ -1,16 +1,49 @@
-"""Health and model listing."""
+"""Health (semantics.md §13.2), model listing, and the effective configuration (GET /v1/config)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln import __version__
-from kiln.api.state import get_state
+from kiln.api.state import ServerState, get_state
+from kiln.core.thinking_budget import ServerBudgetDefaults
+from kiln.engine.serving import sampling_dict
 
 router = APIRouter(tags=["observability"])
+
+GB = 1024**3
+
+
+def _gb(n: float) -> float:
+    return round(n / GB, 4)
+
+
+def _memory(engine: Any) -> dict[str, Any]:
+    """Accelerator memory; on a CPU device there is no VRAM (total 0, fraction null) and the model and
+    KV sizes are the host memory they occupy."""
+    model_b = engine.actor.runner.model_bytes
+    kv_b = engine.actor.runner.kv_cache_bytes
+    total = 0
+    if engine.info.device.startswith("cuda") and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.device(engine.info.device)).total_memory
+    return {"total_vram_gb": _gb(total), "model_gb": _gb(model_b), "kv_cache_gb": _gb(kv_b),
+            "training_budget_gb": 0.0,
+            "inference_memory_fraction": round((model_b + kv_b) / total, 4) if total else None}
+
+
+def _adapters(state: ServerState) -> tuple[str, int]:
+    active = state.services.get("adapters_active")
+    store = state.services.get("adapter_store")
+    try:
+        count = len(store.names()) if store is not None else 0
+    except OSError:
+        count = 0
+    return (getattr(active, "name", None) or "base"), count
 
 
 @router.get("/health")
@@ -18,20 +51,30 @@ router = APIRouter(tags=["observability"])
 async def health(request: Request) -> JSONResponse:
     state = get_state(request)
     engine = state.engine
-    ready = engine is not None and state.load_error is None
-    body = {
-        "status": "ok" if ready else "degraded",
+    loaded = engine is not None and state.load_error is None
+    responsive = bool(loaded and engine.responsive())
+    active, adapters_loaded = _adapters(state)
+    body: dict[str, Any] = {
+        "status": "ok" if loaded and responsive else "degraded",
         "version": __version__,
         "uptime_seconds": round(time.time() - state.started_at, 3),
         "model": engine.describe() if engine is not None else None,
+        "backend": engine.backend if engine is not None else None,
+        "active_adapter": active,
+        "adapters_loaded": adapters_loaded,
+        "scheduler": engine.scheduler_snapshot() if engine is not None else
+        {"waiting": 0, "running": 0, "blocks_used": 0, "blocks_free": 0, "blocks_total": 0},
+        "gpu_memory": _memory(engine) if engine is not None else None,
+        "training": {"queued": 0},
         "checks": [
-            {"name": "model_loaded", "pass": engine is not None},
-            {"name": "scheduler_responsive", "pass": bool(engine is not None and engine.is_alive())},
+            {"name": "model_loaded", "pass": loaded},
+            {"name": "scheduler_responsive", "pass": responsive},
+            {"name": "inference_prewarm_complete", "pass": bool(engine is not None and engine.actor.prewarmed)},
         ],
     }
     if state.load_error:
         body["error"] = state.load_error
-    return JSONResponse(body, status_code=200 if ready else 503)
+    return JSONResponse(body, status_code=200 if loaded and responsive else 503)
 
 
 @router.get("/v1/models")
@@ -43,3 +86,38 @@ async def list_models(request: Request) -> JSONResponse:
         data.append({"id": engine.info.served_model_id, "object": "model", "created": engine.info.created,
                      "owned_by": "kiln"})
     return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/v1/config")
+async def effective_config(request: Request) -> JSONResponse:
+    """Settings after every layer (flags > env > TOML > defaults), the thinking-budget defaults, the
+    sampling a request without sampling fields gets, and the content hashes of what is served."""
+    state = get_state(request)
+    settings = state.settings
+    engine = state.engine
+    body: dict[str, Any] = {
+        "settings": settings.to_dict(),
+        "thinking_budget": ServerBudgetDefaults.from_settings(settings.server).to_dict(),
+        "default_thinking_enabled": settings.server.default_thinking_enabled,
+        "model": None,
+        "default_sampling": None,
+        "default_sampling_with_tools": None,
+        "config_hashes": None,
+        "effective_inference_config": None,
+        "effective_config_hash": None,
+    }
+    if engine is not None:
+        info = engine.info
+        body["model"] = {
+            "served_model_id": info.served_model_id, "path": info.path, "format": info.format,
+            "architecture": info.config.architecture, "dtype": info.dtype, "device": info.device,
+            "max_model_len": info.max_model_len, "num_blocks": info.num_blocks, "block_size": info.block_size,
+            "backend": engine.backend,
+            "base_model_sha256": engine.identity.base_model_sha256 if engine.identity else None,
+        }
+        body["default_sampling"] = sampling_dict(info.default_sampling(settings))
+        body["default_sampling_with_tools"] = sampling_dict(info.default_sampling(settings, has_tools=True))
+        body["config_hashes"] = engine.config_hashes()
+        body["effective_inference_config"] = engine.effective_config
+        body["effective_config_hash"] = engine.effective_config_sha256
+    return JSONResponse(body)

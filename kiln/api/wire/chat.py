@@ -1,72 +1,39 @@
-"""Wire models for POST /v1/chat/completions (inference-api.txt, ChatCompletionRequest: 29 fields).
+"""Wire model for POST /v1/chat/completions (inference-api.txt, ChatCompletionRequest: 29 fields).
 
-Unknown request fields are accepted and ignored, as the contract says.
+Unknown request fields are accepted and ignored, as the contract says. Every rule the contract
+states about one request is checked here and fails as a 400 naming the field; rules that need the
+served model (context length, thinking-budget fit) are checked by the router.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
+from kiln.api.wire.common import (
+    MAX_OUTPUTS,
+    AdapterRef,
+    ChatMessageInput,
+    GenerationFields,
+    StreamOptions,
+)
 from kiln.errors import KilnError
 
-U64_MAX = 2**64 - 1
-U32_MAX = 2**32 - 1
-CHAT_MAX_CHOICES = 64
+CHAT_MAX_CHOICES = MAX_OUTPUTS
+PREFIX = "Invalid chat completion request: "
+
+__all__ = ["AdapterRef", "ChatCompletionRequest", "ChatMessageInput", "StreamOptions", "CHAT_MAX_CHOICES"]
 
 
-class ChatMessageInput(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[Any] | None = ""
-    reasoning_content: str | None = None
-    tool_calls: list[Any] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
+def _bad(message: str, param: str, hint: str) -> KilnError:
+    return KilnError(400, "chat_invalid_request", PREFIX + message, param=param, hint=hint)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
-
-
-class AdapterRef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: str
-    scale: float
-
-
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    model: str | None = None
+class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessageInput]
-    n: int | None = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = Field(default=None, ge=0, le=U32_MAX)
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    sampling_preset: str | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    ignore_eos: bool = False
-    # Absent vs null matters for these two (absent = inherit, null = unlimited): see model_fields_set.
-    thinking_budget_tokens: int | None = Field(default=None, ge=0)
-    thinking_budget_ms: int | None = Field(default=None, ge=0)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0, le=U64_MAX)
-    adapter: str | None = None
-    adapters: list[AdapterRef] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    chat_template_kwargs: dict[str, Any] | None = None
     fold_reasoning_into_content: bool | None = None
     include_performance: bool | None = None
     include_config_hashes: bool | None = None
@@ -82,7 +49,7 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("n")
     @classmethod
     def _n_range(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= CHAT_MAX_CHOICES:
+        if v is not None and v > CHAT_MAX_CHOICES:
             raise ValueError(f"must be between 1 and {CHAT_MAX_CHOICES}")
         return v
 
@@ -90,27 +57,32 @@ class ChatCompletionRequest(BaseModel):
     def _cross_field(self) -> ChatCompletionRequest:
         # KilnError passes through pydantic untouched, so the 400 names the right field.
         if self.stream and (self.n or 1) > 1:
-            raise KilnError(400, "chat_invalid_request",
-                            "Invalid chat completion request: n > 1 is not supported with stream: true",
-                            param="n", hint="Send n: 1 when streaming, or drop stream for several choices.")
-        if self.adapter is not None and self.adapters is not None:
-            raise KilnError(400, "invalid_compose_request",
-                            "Invalid chat completion request: give either adapter or adapters, not both",
-                            param="adapters")
+            raise _bad("n > 1 is not supported with stream: true", "n",
+                       "Send n: 1 when streaming, or drop stream for several choices.")
+        if self.rollout_provenance:
+            self._check_rollout()
         return self
 
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        return [s for s in stops if s]
+    def _check_rollout(self) -> None:
+        """semantics.md §6.1: one non-streaming sampled choice the engine can account for token by token."""
+        hint = "rollout_provenance needs one non-streaming choice without tools; drop it or the conflicting field."
+        if self.stream:
+            raise _bad("rollout_provenance requires stream: false", "stream", hint)
+        if self.n not in (None, 1):
+            raise _bad("rollout_provenance requires n to be null or 1", "n", hint)
+        if self.ignore_eos:
+            raise _bad("rollout_provenance is incompatible with ignore_eos: true", "ignore_eos", hint)
+        if self.effective_max_tokens == 0:
+            raise _bad("rollout_provenance requires at least one completion token", self.max_tokens_param, hint)
+        if self.tools:
+            raise _bad("rollout_provenance rejects non-empty tools", "tools", hint)
+        if self.tool_choice is not None:
+            raise _bad("rollout_provenance requires tool_choice to be null", "tool_choice", hint)
 
-    def explicit_sampling(self) -> dict[str, Any]:
-        """Sampling fields the request set to a value (None and absent both mean 'not set')."""
-        keys = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                "repetition_penalty", "seed")
-        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
-        mt = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
-        if mt is not None:
-            out["max_tokens"] = mt
-        return out
+    def adapter_fields(self) -> tuple[str | None, list[AdapterRef] | None, bool]:
+        """(adapter, adapters, both given): chat rejects both keys present with an adapters array."""
+        both = {"adapter", "adapters"} <= self.model_fields_set and self.adapters is not None
+        return self.adapter, self.adapters, both
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]

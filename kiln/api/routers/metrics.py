@@ -1,0 +1,191 @@
+"""GET /metrics: Prometheus text exposition (semantics.md §13.1, thinking-budget metrics §2.6).
+
+Request-level series are recorded by the inference routers through `KilnMetrics` (found in
+`state.services["metrics"]`); engine-level series (scheduler, KV blocks, prefix cache, token totals,
+memory) are read from the engine at scrape time. Each app has its own registry, so several apps in
+one process (tests) never share series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kiln.api.state import ServerState, get_state
+from kiln.core.thinking_budget import outcome_label
+
+router = APIRouter(tags=["observability"])
+
+REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 240, 300, 420, 600, 900)
+PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+STATUSES = ("ok", "error", "timeout", "rejected")
+
+
+class KilnMetrics:
+    def __init__(self, state: ServerState) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("kiln_requests", "Inference requests by outcome.", ["status"], registry=r)
+        for status in STATUSES:
+            self.requests.labels(status=status)
+        self.duration = Histogram("kiln_request_duration_seconds", "Request latency, handler entry to last byte.",
+                                  buckets=REQUEST_BUCKETS, registry=r)
+        self.prefill = Histogram("kiln_request_prefill_duration_seconds",
+                                 "Model time of the steps that carried a request's prompt.",
+                                 buckets=PHASE_BUCKETS, registry=r)
+        self.decode = Histogram("kiln_request_decode_duration_seconds",
+                                "Model time of the steps that carried a request's decode tokens.",
+                                buckets=PHASE_BUCKETS, registry=r)
+        self.queue = Histogram("kiln_request_queue_duration_seconds",
+                               "Time from submission to admission into the running batch.",
+                               buckets=PHASE_BUCKETS, registry=r)
+        self.ttft = Histogram("kiln_request_ttft_seconds", "Time to the first generated token.",
+                              buckets=PHASE_BUCKETS, registry=r)
+        self.itl = Histogram("kiln_request_itl_seconds", "Inter-token latency (every gap of every request).",
+                             buckets=PHASE_BUCKETS, registry=r)
+        self.active = Gauge("kiln_active_requests", "Inference requests in flight.", registry=r)
+        self.active_peak = Gauge("kiln_active_requests_peak", "Most inference requests in flight at once.",
+                                 registry=r)
+        self.budget_source = Counter("kiln_thinking_budget_source", "Resolved thinking-budget sources.",
+                                     ["dimension", "source"], registry=r)
+        self.budget_outcomes = Counter("kiln_thinking_budget_outcomes", "Terminal thinking-budget outcomes.",
+                                       ["outcome"], registry=r)
+        self.budget_tokens = Histogram("kiln_thinking_budget_effective_tokens",
+                                       "Effective finite thinking-token limits.", buckets=TOKEN_BUCKETS, registry=r)
+        self.budget_seconds = Histogram("kiln_thinking_budget_effective_seconds",
+                                        "Effective finite thinking-time limits.", buckets=REQUEST_BUCKETS, registry=r)
+        r.register(_EngineCollector(state))
+        self._in_flight = 0
+        self._peak = 0
+
+    # ---- request lifecycle ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        self._in_flight += 1
+        self._peak = max(self._peak, self._in_flight)
+        self.active.set(self._in_flight)
+        self.active_peak.set(self._peak)
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self.active.set(self._in_flight)
+
+    def finished(self, status: str, seconds: float) -> None:
+        self.requests.labels(status=status).inc()
+        self.duration.observe(max(0.0, seconds))
+
+    def observe_timeline(self, timeline: Any) -> None:
+        """Engine phases of one choice (kiln.engine.timing.RequestTimeline)."""
+        s = timeline.stats
+        if s is not None:
+            self.prefill.observe(s.prefill_ms / 1000.0)
+            self.decode.observe(s.decode_ms / 1000.0)
+            if s.admitted_at is not None:
+                self.queue.observe(max(0.0, s.admitted_at - s.submitted_at))
+        ttft = timeline.ttft_ms()
+        if ttft is not None:
+            self.ttft.observe(ttft / 1000.0)
+        for _, gap in timeline.gaps():
+            self.itl.observe(gap / 1000.0)
+
+    def observe_budget(self, record: Mapping[str, Any], outcomes: list[Mapping[str, Any] | None]) -> None:
+        """One request's resolved sources, and per choice its terminal outcome (None: no controller ran)."""
+        self.budget_source.labels(dimension="tokens", source=record["tokens_source"]).inc()
+        self.budget_source.labels(dimension="time", source=record["time_source"]).inc()
+        if "max_tokens" in record:
+            self.budget_tokens.observe(record["max_tokens"])
+        if "max_time_ms" in record:
+            self.budget_seconds.observe(record["max_time_ms"] / 1000.0)
+        for outcome in outcomes:
+            self.budget_outcomes.labels(outcome=outcome_label({**record, **(outcome or {})})).inc()
+
+
+def status_of(http_status: int) -> str:
+    if http_status == 408:
+        return "timeout"
+    if 400 <= http_status < 500:
+        return "rejected"
+    return "error" if http_status >= 500 else "ok"
+
+
+class _EngineCollector(Collector):
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        engine = self.state.engine
+        if engine is None:
+            return
+        actor = engine.actor
+        sched = engine.scheduler_snapshot()
+        bm = actor.block_manager
+        counters = actor.counters
+        yield _gauge("kiln_scheduler_waiting", "Sequences waiting for admission.", sched["waiting"])
+        yield _gauge("kiln_scheduler_running", "Sequences in the running batch.", sched["running"])
+        yield _gauge("kiln_blocks_used", "KV-cache blocks in use.", sched["blocks_used"])
+        yield _gauge("kiln_blocks_total", "KV-cache blocks in the pool.", sched["blocks_total"])
+        yield _gauge("kiln_kv_cache_usage_ratio", "Share of KV-cache blocks in use (0..1).", bm.usage)
+        yield _counter("kiln_tokens_generated", "Tokens sampled by the engine.", counters.tokens_generated)
+        yield _counter("kiln_request_prefill_tokens_completed", "Prompt tokens the engine computed.",
+                       counters.prefill_tokens)
+        yield _counter("kiln_engine_steps", "Model steps the engine ran.", counters.steps)
+        yield _counter("kiln_scheduler_preemptions", "Sequences preempted for KV space.",
+                       actor.scheduler.num_preemptions)
+        yield _counter("kiln_prompts_scored", "Prompts scored by POST /v1/completions.", counters.prompts_scored)
+        stats = bm.stats
+        yield _counter("kiln_prefix_cache_lookups", "Allocations that consulted the prefix cache.", stats.lookups)
+        yield _counter("kiln_prefix_cache_hit_blocks", "KV blocks reused from the prefix cache.", stats.hit_blocks)
+        yield _counter("kiln_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache.", stats.hit_tokens)
+        yield _gauge("kiln_prefix_cache_cached_blocks", "Blocks registered in the prefix cache.", bm.num_cached_blocks)
+        yield _gauge("kiln_prefix_cache_max_blocks", "Most blocks the prefix cache can hold.", bm.num_blocks)
+        runner = actor.runner
+        yield _gauge("kiln_vram_model_bytes", "Bytes of model weights on the device.", runner.model_bytes)
+        yield _gauge("kiln_vram_kv_cache_bytes", "Bytes of the KV-cache pool.", runner.kv_cache_bytes)
+        active = self.state.services.get("adapters_active")
+        yield _gauge("kiln_active_adapter", "1 when a saved adapter is active, else 0.",
+                     1 if getattr(active, "name", None) else 0)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def init(state: ServerState) -> None:
+    # `*_created` timestamp series double the exposition and no dashboard reads them
+    disable_created_metrics()
+    state.services.setdefault("metrics", KilnMetrics(state))
+
+
+def metrics_for(state: ServerState) -> KilnMetrics | None:
+    return state.services.get("metrics")
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    m = metrics_for(get_state(request))
+    body = generate_latest(m.registry) if m is not None else b""
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

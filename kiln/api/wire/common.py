@@ -1,0 +1,150 @@
+"""Wire pieces shared by the chat and batch requests (inference-api.txt): messages, adapter refs,
+the sampling and thinking-budget fields, and the adapter-selection rules."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kiln.errors import KilnError
+from kiln.store.names import validate_name
+
+U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+MAX_OUTPUTS = 64  # CHAT_MAX_CHOICES and BATCH_MAX_TOTAL_OUTPUTS
+MAX_COMPOSE_ADAPTERS = 16
+
+
+class ChatMessageInput(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    role: str
+    content: str | list[Any] | None = ""
+    reasoning_content: str | None = None
+    tool_calls: list[Any] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class AdapterRef(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    name: str = Field(min_length=1)
+    scale: float
+
+
+class GenerationFields(BaseModel):
+    """Sampling, length, stop, seed, thinking-budget, adapter and template fields of chat and batch."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str | None = None
+    n: int | None = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = Field(default=None, ge=0, le=U32_MAX)
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    sampling_preset: str | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
+    # Absent vs null matters for these two (absent = inherit, null = unlimited): see model_fields_set.
+    thinking_budget_tokens: int | None = Field(default=None, ge=0)
+    thinking_budget_ms: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, le=U64_MAX)
+    adapter: str | None = None
+    adapters: list[AdapterRef] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n_positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError("'n' must be >= 1 when set")
+        return v
+
+    def stop_list(self, *, keep_empty: bool = False) -> list[str]:
+        """The stop sequences as a list; empty strings dropped unless asked for (the thinking-budget
+        check rejects an empty stop, the engine just ignores it)."""
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return stops if keep_empty else [s for s in stops if s]
+
+    def explicit_sampling(self) -> dict[str, Any]:
+        """Sampling fields the request set to a value (None and absent both mean 'not set')."""
+        keys = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                "repetition_penalty", "seed")
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if self.effective_max_tokens is not None:
+            out["max_tokens"] = self.effective_max_tokens
+        return out
+
+    @property
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_tokens" if self.max_tokens is not None else "max_completion_tokens"
+
+    def budget_fields(self) -> dict[str, Any]:
+        """The thinking-budget fields the request carried (absent = inherit, null = unlimited)."""
+        return {k: getattr(self, k) for k in ("thinking_budget_tokens", "thinking_budget_ms")
+                if k in self.model_fields_set}
+
+
+def check_adapter_selection(adapter: str | None, adapters: list[AdapterRef] | None, *, both_given: bool,
+                            prefix: str) -> str | None:
+    """Validate `adapter` / `adapters` and return the named adapter the request selects (None = base).
+
+    Rules (semantics.md §4.7, §5.1): not both; `adapters` not empty, at most 16, every name one safe
+    path segment. This server does not serve adapters yet, so any selected adapter is then a 404.
+    """
+    if both_given:
+        raise KilnError(400, "invalid_compose_request", f"{prefix}give either adapter or adapters, not both",
+                        param="adapters", hint="Send one adapter name, or an adapters list to compose.")
+    if adapters is not None:
+        if not adapters:
+            raise KilnError(400, "invalid_compose_request", f"{prefix}adapters must list at least one adapter",
+                            param="adapters", hint="Leave adapters out (or null) to use the base model.")
+        if len(adapters) > MAX_COMPOSE_ADAPTERS:
+            raise KilnError(400, "invalid_compose_request",
+                            f"{prefix}adapters lists {len(adapters)} adapters; at most {MAX_COMPOSE_ADAPTERS} compose",
+                            param="adapters", hint=f"Compose at most {MAX_COMPOSE_ADAPTERS} adapters.")
+        for i, ref in enumerate(adapters):
+            validate_name(ref.name, kind="adapter", param=f"adapters[{i}].name", code="invalid_adapter_name")
+        selected, param = adapters[0].name, "adapters[0].name"
+    elif adapter:
+        validate_name(adapter, kind="adapter", param="adapter", code="invalid_adapter_name")
+        selected, param = adapter, "adapter"
+    else:
+        return None
+    raise KilnError(404, "adapter_not_found", f"adapter {selected!r} is not available on this server",
+                    param=param, hint="Leave adapter out (or send null) for the base model; GET /v1/adapters "
+                    "lists saved adapters.")
+
+
+def reject_non_finite(value: Any, *, code: str, prefix: str, path: str = "") -> None:
+    """A JSON number too large for a double (1e999) parses as infinity; no field may carry one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise KilnError(400, code, f"{prefix}{path or 'body'}: numbers must be finite", param=path or None,
+                        hint="Send finite JSON numbers.")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            reject_non_finite(v, code=code, prefix=prefix, path=f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            reject_non_finite(v, code=code, prefix=prefix, path=f"{path}[{i}]")
