@@ -61,7 +61,12 @@ def _run(args) -> int:
 
     def load() -> None:
         try:
-            state.engine = build_serving_engine(settings)
+            engine = build_serving_engine(settings)
+            services = state.services
+            if "adapter_store" in services:
+                engine.attach_adapters(services["adapter_store"], services.get("adapter_compose_cache"),
+                                       services.get("adapters_active"))
+            state.engine = engine
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"

@@ -27,7 +27,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     # Choice i>0 of a request waits until choice 0's prompt is computed, so it hits the prefix cache.
     wait_for: Sequence | None = None
-    adapter_slot: int = 0  # 0 = base; part of the prefix-cache key
+    adapter_slot: int = 0  # 0 = base; part of the prefix-cache key (a unique id per adapter revision)
+    lora_slot: int = 0     # row of the model's LoRA bank this sequence reads (0 = base)
     arrival_time: float = field(default_factory=time.monotonic)
     finish_reason: str | None = None
 

@@ -28,6 +28,7 @@ from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
 from kiln.core.stop import StopMatcher
 from kiln.engine.detokenizer import IncrementalDetokenizer
+from kiln.engine.lora_slots import AdapterTarget, LoraSlots
 from kiln.engine.runner import ModelRunner
 from kiln.engine.scoring import PromptScores
 from kiln.engine.timing import ChoiceStats, StepTiming
@@ -83,6 +84,7 @@ class _Submit:
     emit: Callable[[ChoiceEvent], None]
     budgets: list[ThinkingBudgetController | None] | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
+    adapter: AdapterTarget | None = None
 
 
 @dataclass
@@ -124,6 +126,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_batch_tokens)
+        self.lora_slots = LoraSlots(runner.model)
         self._inbox: queue.Queue = queue.Queue()
         self._choices: dict[int, _Choice] = {}
         self._by_request: dict[str, list[_Choice]] = {}
@@ -150,14 +153,16 @@ class LLMEngine:
     # -- called from other threads ---------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids: list[int], params: list[SamplingParams],
                emit: Callable[[ChoiceEvent], None],
-               budgets: list[ThinkingBudgetController | None] | None = None) -> None:
-        self._inbox.put(_Submit(request_id, prompt_ids, params, emit, budgets))
+               budgets: list[ThinkingBudgetController | None] | None = None,
+               adapter: AdapterTarget | None = None) -> None:
+        self._inbox.put(_Submit(request_id, prompt_ids, params, emit, budgets, adapter=adapter))
 
     def submit_many(self, requests: list[tuple[str, list[int], list[SamplingParams], Callable[[ChoiceEvent], None],
-                                               list[ThinkingBudgetController | None] | None]]) -> None:
+                                               list[ThinkingBudgetController | None] | None,
+                                               AdapterTarget | None]]) -> None:
         """Submit several requests as one inbox message: they join the batch at the same step."""
         now = time.perf_counter()
-        self._inbox.put(_SubmitMany([_Submit(*r, submitted_at=now) for r in requests]))
+        self._inbox.put(_SubmitMany([_Submit(*r[:5], submitted_at=now, adapter=r[5]) for r in requests]))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -227,6 +232,9 @@ class LLMEngine:
         for index, params in enumerate(msg.params):
             seq = Sequence(next(self._seq_ids), list(msg.prompt_ids), params)
             seq.wait_for = first  # later choices reuse the first choice's prompt blocks
+            if msg.adapter is not None:
+                # Bound here, between steps: the revision stays pinned until this sequence ends.
+                seq.lora_slot, seq.adapter_slot = self.lora_slots.acquire(msg.adapter)
             first = first or seq
             choice = _Choice(seq, index, IncrementalDetokenizer(self.tokenizer, msg.prompt_ids),
                              StopMatcher(params.stop), msg.emit, msg.request_id,
@@ -234,6 +242,7 @@ class LLMEngine:
                              ChoiceStats(msg.submitted_at, received_at=received))
             choices.append(choice)
             if params.max_tokens <= 0:
+                self.lora_slots.release(seq.lora_slot)
                 msg.emit(ChoiceEvent(index, "", [], [], finish_reason="length", delivered_at=time.perf_counter(),
                                      stats=choice.stats.snapshot()))
                 continue
@@ -246,6 +255,7 @@ class LLMEngine:
             if self._choices.pop(choice.seq.seq_id, None) is not None:
                 self.scheduler.abort(choice.seq.seq_id)
                 self.runner.release(choice.seq.seq_id)
+                self.lora_slots.release(choice.seq.lora_slot)
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -338,6 +348,7 @@ class LLMEngine:
         self._choices.pop(choice.seq.seq_id, None)
         self.scheduler.finish(choice.seq, reason)
         self.runner.release(choice.seq.seq_id)
+        self.lora_slots.release(choice.seq.lora_slot)
         siblings = self._by_request.get(choice.request_id, [])
         if all(c.seq.seq_id not in self._choices for c in siblings):
             self._by_request.pop(choice.request_id, None)
@@ -355,6 +366,7 @@ class GenerationRequest:
     params: list[SamplingParams]
     budgets: list[ThinkingBudgetController | None] | None = None
     request_id: str | None = None
+    adapter: AdapterTarget | None = None
 
 
 class AsyncEngine:
@@ -367,8 +379,8 @@ class AsyncEngine:
     async def generate(self, prompt_ids: list[int], params: list[SamplingParams],
                        request_id: str | None = None,
                        budgets: list[ThinkingBudgetController | None] | None = None,
-                       ) -> AsyncIterator[ChoiceEvent]:
-        async for _, ev in self.generate_many([GenerationRequest(prompt_ids, params, budgets, request_id)]):
+                       adapter: AdapterTarget | None = None) -> AsyncIterator[ChoiceEvent]:
+        async for _, ev in self.generate_many([GenerationRequest(prompt_ids, params, budgets, request_id, adapter)]):
             yield ev
 
     async def generate_many(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, ChoiceEvent]]:
@@ -383,7 +395,7 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(events.put_nowait, (i, ev))
             return emit
 
-        self.actor.submit_many([(rid, r.prompt_ids, r.params, emitter(i), r.budgets)
+        self.actor.submit_many([(rid, r.prompt_ids, r.params, emitter(i), r.budgets, r.adapter)
                                 for i, (rid, r) in enumerate(zip(rids, requests, strict=True))])
         try:
             while pending:

@@ -49,12 +49,6 @@ class _Prepared:
     thinking: bool
 
 
-def adapter_unsupported(adapter: str) -> str:
-    """The one place that refuses adapters: the engine serves the base model only until LoRA serving lands."""
-    return (f"generation failed: adapter {adapter!r} cannot be applied: this engine serves the base model "
-            "only (LoRA serving is not available yet)")
-
-
 class LocalEngineGenerator:
     def __init__(self, engine: ServingEngine, server: ServerSettings) -> None:
         self.engine = engine
@@ -104,8 +98,11 @@ class LocalEngineGenerator:
 
     async def _one(self, req: GenerationRequest) -> GenerationResult:
         started = time.perf_counter()
-        if req.adapter is not None:
-            return GenerationResult.failed(adapter_unsupported(req.adapter))
+        try:
+            target = self.engine.resolve_adapter(adapter_given=True, adapter=req.adapter, adapters=None) \
+                if req.adapter else None
+        except KilnError as e:
+            return GenerationResult.failed(f"adapter {req.adapter!r} cannot be applied: {e.message}")
         try:
             # Rendering and tokenizing thousands of prompts must not stall the server's event loop.
             prep = await asyncio.to_thread(self._prepare, req)
@@ -115,7 +112,8 @@ class LocalEngineGenerator:
             return GenerationResult.failed(f"prepare failed: {type(e).__name__}: {e}")
         text, tokens, finish, outcome = "", 0, "stop", None
         request_id = f"eval-{req.label or 'request'}-{uuid.uuid4().hex[:8]}"
-        async for ev in self.engine.generate(prep.prompt_ids, [prep.params], request_id, prep.controllers):
+        async for ev in self.engine.generate(prep.prompt_ids, [prep.params], request_id, prep.controllers,
+                                            target):
             if ev.error:
                 return GenerationResult.failed(f"generation failed: {ev.error}",
                                                latency_ms=_ms_since(started), prompt_tokens=len(prep.prompt_ids))

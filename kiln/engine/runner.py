@@ -18,6 +18,7 @@ from kiln.core.sequence import Sequence
 from kiln.engine.scoring import PromptScores, compute_prompt_scores
 from kiln.engine.timing import StepTiming
 from kiln.model.kv_cache import KVCache, build_attention_metadata
+from kiln.model.lora import build_lora_step
 from kiln.model.sampler import Sampler
 from kiln.model.transformer import Transformer
 
@@ -98,7 +99,9 @@ class ModelRunner:
         attn, positions = build_attention_metadata(meta_items, self.block_size, self.device)
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(ids_t, pos_t, attn, self.kv_cache)
+        lora = build_lora_step([it.seq.lora_slot for it in out.items], [it.num_new_tokens for it in out.items],
+                               attn.num_decode_tokens, self.device)
+        hidden = self.model(ids_t, pos_t, attn, self.kv_cache, lora)
 
         rows: list[int] = []
         sampled_items = []

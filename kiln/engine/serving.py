@@ -15,12 +15,15 @@ import torch
 from kiln.config import Settings
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
+from kiln.engine.adapter_resolver import AdapterResolver
 from kiln.engine.chat_template import ChatTemplate
 from kiln.engine.engine import AsyncEngine, GenerationRequest, LLMEngine
+from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.provenance import PolicyIdentity, ServingIdentity, serving_identity, tagged
 from kiln.engine.runner import ModelRunner
 from kiln.engine.scoring import PromptScores
 from kiln.engine.tokenizer import Tokenizer
+from kiln.errors import KilnError
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.loader import LoadedWeights, default_model_path, load_model
@@ -129,6 +132,25 @@ class ServingEngine:
         self.identity = identity
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
+        # Set by `attach_adapters` once the adapter services exist; None serves the base model only.
+        self.adapters: AdapterResolver | None = None
+
+    def attach_adapters(self, store: Any, compose_cache: Any, active: Any) -> None:
+        from kiln.adapters.compat import model_spec_from_config
+
+        self.adapters = AdapterResolver(store, compose_cache, active, model_spec_from_config(self.info.config))
+
+    def resolve_adapter(self, *, adapter_given: bool, adapter: str | None, adapters: Any,
+                        param: str = "adapter") -> AdapterTarget | None:
+        """The adapter revision a request runs on (None = base), per semantics.md §4.7."""
+        if self.adapters is None:
+            named = adapters[0].name if adapters else (adapter if adapter_given else None)
+            if named:
+                raise KilnError(404, "adapter_not_found", f"adapter {named!r} is not available on this server",
+                                param="adapters[0].name" if adapters else param,
+                                hint="GET /v1/adapters lists saved adapters.")
+            return None
+        return self.adapters.resolve(adapter_given=adapter_given, adapter=adapter, adapters=adapters, param=param)
 
     @property
     def backend(self) -> str:
@@ -187,8 +209,8 @@ class ServingEngine:
         return out
 
     def generate(self, prompt_ids: list[int], params: list[SamplingParams], request_id: str | None = None,
-                 budgets: list | None = None):
-        return self.async_engine.generate(prompt_ids, params, request_id, budgets)
+                 budgets: list | None = None, adapter: AdapterTarget | None = None):
+        return self.async_engine.generate(prompt_ids, params, request_id, budgets, adapter)
 
     def generate_many(self, requests: list[GenerationRequest]):
         return self.async_engine.generate_many(requests)

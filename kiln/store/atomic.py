@@ -5,6 +5,7 @@ A reader after a kill at any instant sees the old bytes or the new bytes, never 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -31,10 +32,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     fsync_dir(path.parent)
 

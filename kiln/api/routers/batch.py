@@ -47,6 +47,7 @@ from kiln.core.thinking_budget import (
 from kiln.core.thinking_mode import effective_template_kwargs
 from kiln.core.tool_calls import tool_parsing_enabled
 from kiln.engine.engine import GenerationRequest
+from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.serving import ServingEngine
 from kiln.engine.timing import now
 from kiln.errors import KilnError
@@ -81,11 +82,13 @@ async def batch_completions(request: Request) -> JSONResponse:
         engine = require_engine(request)
         adapter, adapters, both = req.adapter_fields()
         check_adapter_selection(adapter, adapters, both_given=both, prefix=PREFIX)
+        target = engine.resolve_adapter(adapter_given="adapter" in req.model_fields_set, adapter=adapter,
+                                        adapters=adapters)
         if metrics is not None:
             with metrics.in_flight():
-                result = await _run(engine, req, state.settings.server, metrics)
+                result = await _run(engine, req, state.settings.server, metrics, target)
         else:
-            result = await _run(engine, req, state.settings.server, metrics)
+            result = await _run(engine, req, state.settings.server, metrics, target)
         status = "ok"
         return JSONResponse(result)
     except KilnError as e:
@@ -125,7 +128,8 @@ def _plan(engine: ServingEngine, req: BatchCompletionRequest, params: SamplingPa
     return plans
 
 
-async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: ServerSettings, metrics: KilnMetrics | None) -> dict[str, Any]:
+async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: ServerSettings,
+               metrics: KilnMetrics | None, target: AdapterTarget | None = None) -> dict[str, Any]:
     params = resolve_params(engine, req, settings, code=CODE)
     budget = resolve_budget(req.budget_fields(), settings, code=CODE)
     kwargs = effective_template_kwargs(req.chat_template_kwargs, default_thinking_enabled=settings.default_thinking_enabled)
@@ -143,7 +147,7 @@ async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: Ser
             budgets = [ThinkingBudgetController(close_ids, max_thinking_tokens=budget.max_tokens,
                                                 max_time_ms=budget.max_time_ms, max_completion_tokens=pl.max_tokens)
                        for _ in range(n)]
-        requests.append(GenerationRequest(pl.prompt_ids, choice_params, budgets))
+        requests.append(GenerationRequest(pl.prompt_ids, choice_params, budgets, adapter=target))
     outputs = {pl.index: [ChoiceOutput() for _ in range(n)] for pl in runnable}
     if requests:
         async for i, ev in engine.generate_many(requests):

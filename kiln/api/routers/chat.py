@@ -33,6 +33,7 @@ from kiln.core.thinking_mode import detect_thinking_mode, effective_template_kwa
 from kiln.core.tool_call_stream import ToolCallStreamParser
 from kiln.core.tool_calls import parse_tool_calls, tool_parsing_enabled
 from kiln.engine.engine import ChoiceEvent
+from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.provenance import (
     MAX_STOP_BYTES,
     MAX_STOPS,
@@ -187,6 +188,7 @@ class PreparedChat:
     include_performance: bool = False
     include_config_hashes: bool = False
     policy: PolicyIdentity | None = None
+    adapter: AdapterTarget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
 
@@ -212,6 +214,8 @@ def prepare_chat(engine: ServingEngine, req: ChatCompletionRequest, settings: Se
     timeline = RequestTimeline(started if started is not None else now())
     adapter, adapters, both = req.adapter_fields()
     check_adapter_selection(adapter, adapters, both_given=both, prefix=PREFIX)
+    target = engine.resolve_adapter(adapter_given="adapter" in req.model_fields_set, adapter=adapter,
+                                    adapters=adapters)
     kwargs = effective_template_kwargs(req.chat_template_kwargs,
                                        default_thinking_enabled=settings.default_thinking_enabled)
     t0 = now()
@@ -234,7 +238,7 @@ def prepare_chat(engine: ServingEngine, req: ChatCompletionRequest, settings: Se
         template_kwargs=kwargs, user_stops=req.stop_list(), timeline=timeline,
         include_performance=_flag(req.include_performance, settings.chat_performance_metadata),
         include_config_hashes=_flag(req.include_config_hashes, settings.chat_config_hash_metadata),
-        policy=policy,
+        policy=policy, adapter=target,
     )
 
 
@@ -277,7 +281,7 @@ def _performance(prep: PreparedChat, completion_tokens: int, finish: str) -> dic
     total_ms = (now() - prep.timeline.started_at) * 1000.0
     return performance_metadata(
         prep.timeline, prompt_tokens=len(prep.prompt_ids), completion_tokens=completion_tokens, total_ms=total_ms,
-        adapter_used="base", thinking_mode="reasoning" if prep.thinking_enabled else "non_reasoning",
+        adapter_used=prep.adapter.label if prep.adapter else "base", thinking_mode="reasoning" if prep.thinking_enabled else "non_reasoning",
         finish_reason=finish,
     )
 
@@ -320,7 +324,7 @@ async def chat_completions(request: Request):
 async def _complete(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None) -> dict[str, Any]:
     n = len(prep.params)
     outs = [ChoiceOutput() for _ in range(n)]
-    async for ev in engine.generate(prep.prompt_ids, prep.params, prep.id, prep.controllers()):
+    async for ev in engine.generate(prep.prompt_ids, prep.params, prep.id, prep.controllers(), prep.adapter):
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         outs[ev.index].add(ev)
@@ -446,7 +450,7 @@ async def _stream_events(engine: ServingEngine, prep: PreparedChat, metrics: Kil
             found.append(_delta(prep, tool_calls=td.tool_calls))
         return found
 
-    async for ev in engine.generate(prep.prompt_ids, prep.params, prep.id, prep.controllers()):
+    async for ev in engine.generate(prep.prompt_ids, prep.params, prep.id, prep.controllers(), prep.adapter):
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         out.add(ev)

@@ -83,8 +83,13 @@ async def list_models(request: Request) -> JSONResponse:
     engine = state.engine
     data = []
     if engine is not None:
-        data.append({"id": engine.info.served_model_id, "object": "model", "created": engine.info.created,
-                     "owned_by": "kiln"})
+        base = engine.info.served_model_id
+        data.append({"id": base, "object": "model", "created": engine.info.created, "owned_by": "kiln"})
+        store = state.services.get("adapter_store")
+        # Adapters are models too (as vLLM lists LoRA modules): select one with `adapter`, or by id.
+        for info in store.list() if store is not None else []:
+            data.append({"id": info.name, "object": "model", "created": engine.info.created, "owned_by": "kiln",
+                         "parent": base, "root": base})
     return JSONResponse({"object": "list", "data": data})
 
 

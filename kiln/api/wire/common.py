@@ -111,7 +111,7 @@ def check_adapter_selection(adapter: str | None, adapters: list[AdapterRef] | No
     """Validate `adapter` / `adapters` and return the named adapter the request selects (None = base).
 
     Rules (semantics.md §4.7, §5.1): not both; `adapters` not empty, at most 16, every name one safe
-    path segment. This server does not serve adapters yet, so any selected adapter is then a 404.
+    path segment. Whether the adapter exists is the engine's question (ServingEngine.resolve_adapter).
     """
     if both_given:
         raise KilnError(400, "invalid_compose_request", f"{prefix}give either adapter or adapters, not both",
@@ -126,15 +126,11 @@ def check_adapter_selection(adapter: str | None, adapters: list[AdapterRef] | No
                             param="adapters", hint=f"Compose at most {MAX_COMPOSE_ADAPTERS} adapters.")
         for i, ref in enumerate(adapters):
             validate_name(ref.name, kind="adapter", param=f"adapters[{i}].name", code="invalid_adapter_name")
-        selected, param = adapters[0].name, "adapters[0].name"
-    elif adapter:
+        return adapters[0].name
+    if adapter:
         validate_name(adapter, kind="adapter", param="adapter", code="invalid_adapter_name")
-        selected, param = adapter, "adapter"
-    else:
-        return None
-    raise KilnError(404, "adapter_not_found", f"adapter {selected!r} is not available on this server",
-                    param=param, hint="Leave adapter out (or send null) for the base model; GET /v1/adapters "
-                    "lists saved adapters.")
+        return adapter
+    return None
 
 
 def reject_non_finite(value: Any, *, code: str, prefix: str, path: str = "") -> None:
