@@ -176,3 +176,15 @@ def test_client_disconnect_mid_stream_frees_the_request(tiny_server):
     # The server keeps serving after the disconnect.
     r = post(tiny_server, {"messages": MSG, "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200
+
+
+def test_kiln_chat_cli_prints_the_streamed_reply(tiny_server):
+    import subprocess
+    import sys
+
+    direct = post(tiny_server, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                                "temperature": 0}).json()["choices"][0]["message"]["content"]
+    out = subprocess.run([sys.executable, "-m", "kiln.cli", "chat", "--url", tiny_server.url, "-m", "hi",
+                          "--max-tokens", "8", "--temperature", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == direct + "\n"
