@@ -42,6 +42,9 @@ class ModelSettings:
     dtype: str = "auto"
     # auto | cpu | cuda
     device: str = "auto"
+    # Weights the serving path multiplies with: none (dense) | gguf (a GGUF's own 4/8-bit blocks, CPU)
+    # | q8_0 | q4_1 (quantize every projection). Quantized paths use 8-bit activations, as llama.cpp does.
+    quantization: str = "none"
 
 
 @dataclass
@@ -203,6 +206,8 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"server.{key}: must be non-negative, got {v}")
     if s.model.dtype not in {"auto", "float32", "bfloat16", "float16"}:
         raise ConfigError(f"model.dtype: expected auto|float32|bfloat16|float16, got {s.model.dtype!r}")
+    if s.model.quantization not in {"none", "gguf", "q8_0", "q4_1"}:
+        raise ConfigError(f"model.quantization: expected none|gguf|q8_0|q4_1, got {s.model.quantization!r}")
     if s.model.device not in {"auto", "cpu", "cuda"}:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
     if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:

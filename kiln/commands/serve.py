@@ -22,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--served-model-id", help="model id reported by the API (default: the model's file name)")
     p.add_argument("--config", help="TOML config file (default: $KILN_CONFIG or ./kiln.toml)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weight dtype")
+    p.add_argument("--quantization", choices=["none", "gguf", "q8_0", "q4_1"],
+                   help="serve with quantized weights and 8-bit activations (CPU kernels): 'gguf' keeps a GGUF's "
+                   "own Q4/Q8 blocks; default none")
     p.add_argument("--data-dir", help="where datasets, suites, judgments and adapters live (default ./kiln-data)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
     p.set_defaults(func=_run)
@@ -31,6 +34,7 @@ def _overrides(args) -> dict[str, dict]:
     pairs = {
         ("model", "path"): args.model, ("server", "host"): args.host, ("server", "port"): args.port,
         ("model", "served_model_id"): args.served_model_id, ("model", "dtype"): args.dtype,
+        ("model", "quantization"): args.quantization,
         ("data", "data_dir"): args.data_dir, ("server", "log_level"): args.log_level,
     }
     out: dict[str, dict] = {}

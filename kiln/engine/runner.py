@@ -115,7 +115,7 @@ class ModelRunner:
             (forward_ms,) = clock.finish()
             self.last_timing = StepTiming(forward_ms, 0.0, 0.0, had_prefill)
             return {}
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)], packed_ok=True)
         clock.mark()
         seqs = [it.seq for it in sampled_items]
         tokens, logprobs = self.sampler(

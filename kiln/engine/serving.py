@@ -74,7 +74,8 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
     return {
         "served_model_id": info.served_model_id,
         "model": {"architecture": info.config.architecture, "format": info.format, "dtype": info.dtype,
-                  "device": info.device, "max_model_len": info.max_model_len},
+                  "device": info.device, "max_model_len": info.max_model_len,
+                  "quantization": settings.model.quantization},
         "backend": backend,
         "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
                    "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching},
@@ -231,7 +232,8 @@ def build_serving_engine(settings: Settings) -> ServingEngine:
     threads = settings.engine.num_threads or int(os.environ.get("KILN_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
-    model, weights = load_model(str(path), dtype=settings.model.dtype, device=device)
+    model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,
+                                quantization=settings.model.quantization)
     if weights.format == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.gguf_metadata or {})
     else:

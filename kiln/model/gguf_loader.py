@@ -14,6 +14,7 @@ from torch import Tensor
 
 from kiln.model.config import ModelConfig, UnsupportedModelError
 from kiln.model.gguf_file import GGUFTensor, read_gguf
+from kiln.model.quant import pack_q4_0_from_gguf, pack_q4_1_from_gguf, pack_q8_0_from_gguf
 
 Q = GGMLQuantizationType
 SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K)
@@ -55,8 +56,12 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
-    """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`."""
+def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = None,
+              ) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
+    """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`.
+
+    With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
+    repacked bit-exactly for the quantized kernels (kiln.model.quant), under their HF names."""
     gguf = read_gguf(path)
     metadata = gguf.metadata
     config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
@@ -74,13 +79,25 @@ def load_gguf(path: str, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, Ten
             scaling = {"rope_type": "freq_factors", "factors": w.float().tolist()}
             config = dataclasses.replace(config, rope_scaling=scaling)
             continue
+        heads = None
         if config.architecture == "llama":
             if ".attn_q." in t.name:
-                w = unpermute_qk(w, config.num_attention_heads)
+                heads = config.num_attention_heads
             elif ".attn_k." in t.name:
-                w = unpermute_qk(w, config.num_key_value_heads)
-        tensors[hf_name(t.name)] = w.to(dtype)
+                heads = config.num_key_value_heads
+        if heads is not None:
+            w = unpermute_qk(w, heads)
+        name = hf_name(t.name)
+        tensors[name] = w.to(dtype)
+        if packed is not None and len(t.shape) == 2 and t.qtype in _PACKERS:
+            pw = _PACKERS[t.qtype](t.data, t.shape)
+            if heads is not None:
+                pw = pw.select_rows(unpermute_qk(torch.arange(t.shape[0]), heads))
+            packed[name] = pw
     return config, tensors, metadata
+
+
+_PACKERS = {Q.Q4_0: pack_q4_0_from_gguf, Q.Q4_1: pack_q4_1_from_gguf, Q.Q8_0: pack_q8_0_from_gguf}
 
 
 def dequantize_tensor(t: GGUFTensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ class LoadedWeights:
     source: str
     format: str                    # "hf" | "gguf"
     gguf_metadata: dict[str, Any] | None
+    # HF name -> PackedWeight for the quantized kernels (empty: the dense weights serve)
+    packed: dict[str, Any] = field(default_factory=dict)
+    quantization: str = "none"
 
 
 def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -53,13 +56,16 @@ def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") 
     return resolve_torch_dtype(dtype)
 
 
-def load_weights(path: str | Path, dtype: torch.dtype | str = "auto") -> LoadedWeights:
-    """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF."""
+def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False) -> LoadedWeights:
+    """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
+
+    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels."""
     p = Path(path)
     torch_dtype = resolve_dtype(dtype)
     if p.is_file() and p.suffix == ".gguf":
-        config, tensors, metadata = load_gguf(str(p), torch_dtype)
-        return LoadedWeights(config, tensors, str(p), "gguf", metadata)
+        packed: dict[str, Any] | None = {} if keep_quantized else None
+        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed)
+        return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {})
     if p.is_dir():
         return _load_hf_dir(p, torch_dtype)
     if not p.exists():
@@ -67,17 +73,53 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto") -> LoadedW
     raise FileNotFoundError(f"model path {p} is neither a *.gguf file nor an HF checkpoint directory")
 
 
+QUANTIZATIONS = ("none", "gguf", "q8_0", "q4_1")
+
+
 def load_model(
-    path: str | Path, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu"
+    path: str | Path, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
+    quantization: str = "none",
 ) -> tuple[Transformer, LoadedWeights]:
+    """Load weights into our Transformer.
+
+    `quantization` picks the weights the serving (paged) path multiplies with: "none" the dense ones;
+    "gguf" a GGUF's own Q4_0/Q4_1/Q8_0 blocks, repacked exactly (CPU only; the dense path stays for
+    training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
+    the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~50 ms in bf16. Activations
+    are quantized to 8 bits per group of 32 (as llama.cpp does), so logits differ slightly from the
+    dense path: near-ties between the top tokens can flip, which is why "none" is the default."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     torch_dtype = resolve_dtype(dtype, device)
-    weights = load_weights(path, torch_dtype)
+    on_cpu = torch.device(device).type == "cpu"
+    weights = load_weights(path, torch_dtype, keep_quantized=quantization == "gguf" and on_cpu)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
     model.eval()
+    if quantization in ("q8_0", "q4_1") and on_cpu:
+        weights.packed = quantize_projections(weights.tensors, quantization)
+    if weights.packed:
+        if weights.config.tie_word_embeddings and "lm_head.weight" not in weights.packed:
+            emb = weights.packed.get("model.embed_tokens.weight")
+            if emb is not None:
+                weights.packed["lm_head.weight"] = emb
+        model.attach_packed(weights.packed)
+        weights.quantization = quantization
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     return model, weights
+
+
+def quantize_projections(tensors: dict[str, Tensor], kind: str) -> dict[str, Any]:
+    """Pack every 2-D projection (and the LM head) as `kind` from the dense weights."""
+    from kiln.model.quant import pack_q4_1, pack_q8_0
+
+    pack = pack_q8_0 if kind == "q8_0" else pack_q4_1
+    out: dict[str, Any] = {}
+    for name, t in tensors.items():
+        if t.dim() == 2 and (name.endswith("_proj.weight") or name == "lm_head.weight"):
+            out[name] = pack(t.float())
+    return out
 
 
 def default_model_path() -> Path:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
+from kiln.model.quant import PackedWeight, quant_linear
 from kiln.model.rope import RotaryTables, apply_rope
 
 
@@ -54,9 +55,13 @@ class _StepContext:
     lora: LoraDelta | None = None   # set only when some token of the step uses an adapter
 
 
-def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, name: str) -> Tensor:
-    """Base projection for the whole batch, plus each token's own LoRA delta when it has one."""
-    y = linear(x)
+def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, name: str,
+            packed_ok: bool = False) -> Tensor:
+    """Base projection for the whole batch, plus each token's own LoRA delta when it has one.
+
+    `packed_ok` (the serving path) multiplies with the quantized weights when the model has them."""
+    packed = getattr(linear, "packed", None) if packed_ok else None
+    y = quant_linear(x, packed, linear.bias) if packed is not None else linear(x)
     if lora is not None:
         delta = lora.delta(x, layer, name)
         if delta is not None:
@@ -81,21 +86,21 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor,
-             lora: LoraDelta | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor, lora: LoraDelta | None = None,
+             packed_ok: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]` with rotary applied."""
         lead = x.shape[:-1]
         li = self.layer_idx
-        q = project(self.q_proj, x, lora, li, "q_proj").view(*lead, self.num_heads, self.head_dim)
-        k = project(self.k_proj, x, lora, li, "k_proj").view(*lead, self.num_kv_heads, self.head_dim)
-        v = project(self.v_proj, x, lora, li, "v_proj").view(*lead, self.num_kv_heads, self.head_dim)
+        q = project(self.q_proj, x, lora, li, "q_proj", packed_ok).view(*lead, self.num_heads, self.head_dim)
+        k = project(self.k_proj, x, lora, li, "k_proj", packed_ok).view(*lead, self.num_kv_heads, self.head_dim)
+        v = project(self.v_proj, x, lora, li, "v_proj", packed_ok).view(*lead, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx.lora)
+        q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx.lora, packed_ok=True)
         attn = ctx.attn
         k_cache.index_copy_(0, attn.slot_mapping, k)
         v_cache.index_copy_(0, attn.slot_mapping, v)
@@ -112,7 +117,7 @@ class Attention(nn.Module):
                 cv = v_cache.index_select(0, chunk.context_slots)
                 parts.append(self._prefill_with_context(q[sl], ck, cv, mask))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return project(self.o_proj, out, ctx.lora, self.layer_idx, "o_proj")
+        return project(self.o_proj, out, ctx.lora, self.layer_idx, "o_proj", packed_ok=True)
 
     def _decode(self, q: Tensor, slots: Tensor, mask: Tensor | None, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         bd, lmax = slots.shape
@@ -164,10 +169,11 @@ class MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
 
-    def forward(self, x: Tensor, lora: LoraDelta | None = None) -> Tensor:
+    def forward(self, x: Tensor, lora: LoraDelta | None = None, packed_ok: bool = False) -> Tensor:
         li = self.layer_idx
-        h = F.silu(project(self.gate_proj, x, lora, li, "gate_proj")) * project(self.up_proj, x, lora, li, "up_proj")
-        return project(self.down_proj, h, lora, li, "down_proj")
+        gate = project(self.gate_proj, x, lora, li, "gate_proj", packed_ok)
+        up = project(self.up_proj, x, lora, li, "up_proj", packed_ok)
+        return project(self.down_proj, F.silu(gate) * up, lora, li, "down_proj", packed_ok)
 
 
 class DecoderLayer(nn.Module):
@@ -180,7 +186,7 @@ class DecoderLayer(nn.Module):
 
     def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         h = h + self.self_attn.forward_paged(self.input_layernorm(h), ctx, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h), ctx.lora)
+        return h + self.mlp(self.post_attention_layernorm(h), ctx.lora, packed_ok=True)
 
     def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                       lora: LoraDelta | None = None) -> Tensor:
@@ -332,5 +338,20 @@ class Transformer(nn.Module):
             h = layer.forward_dense(h, cos, sin, mask, lora)
         return self.compute_logits(self.model.norm(h))
 
-    def compute_logits(self, hidden: Tensor) -> Tensor:
+    def compute_logits(self, hidden: Tensor, packed_ok: bool = False) -> Tensor:
+        """float32 logits; `packed_ok` (the serving path) uses the quantized LM head when there is one."""
+        packed = getattr(self.lm_head, "packed", None) if packed_ok else None
+        if packed is not None:
+            return quant_linear(hidden, packed).float()
         return self.lm_head(hidden).float()
+
+    def attach_packed(self, packed: dict[str, PackedWeight]) -> None:
+        """Give projections (HF weight names) quantized twins that the serving path multiplies with."""
+        for name, pw in packed.items():
+            module_name = name.removesuffix(".weight")
+            if module_name == "model.embed_tokens":
+                continue
+            module = self.get_submodule(module_name)
+            if tuple(module.weight.shape) != (pw.out_features, pw.in_features):
+                raise ValueError(f"{name}: packed shape does not match the model")
+            module.packed = pw.to(self.device)

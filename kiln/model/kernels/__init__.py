@@ -1,0 +1,88 @@
+"""The C++ quantized-linear kernels (`qlinear.cpp`), compiled on first use and cached.
+
+Nothing is compiled at import: `load()` builds the extension the first time it is called (about a
+minute on two cores; later processes load the cached library from the torch extensions directory,
+`TORCH_EXTENSIONS_DIR` or `~/.cache/torch_extensions`). torch's builder holds a file lock while it
+compiles, so concurrent first uses in several processes build once. The library is compiled for the
+baseline ISA; its AVX2 and AVX512-VNNI functions carry their own target attributes and are chosen
+at run time from cpuid, so a cached build never executes instructions the CPU lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("qlinear.cpp")
+EXTENSION_NAME = "kiln_qlinear"
+# -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
+CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17"]
+ISA_LEVELS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_error: str | None = None
+
+
+def load() -> ModuleType | None:
+    """The compiled module, building it on the first call; None when it cannot be built."""
+    global _module, _error
+    if _module is not None or _error is not None:
+        return _module
+    with _lock:
+        if _module is None and _error is None:
+            try:
+                _module = _build()
+            except Exception as exc:  # no compiler, no ninja, a broken toolchain: fall back to torch
+                _error = f"{type(exc).__name__}: {exc}"
+                log.warning("quantized-linear kernels unavailable, using the torch reference path (%s)", _error)
+    return _module
+
+
+def load_error() -> str | None:
+    """Why `load()` returned None (after it did)."""
+    return _error
+
+
+def best_isa() -> str | None:
+    """The fastest code path this CPU runs ("avx512_vnni", "avx2", "scalar"), None without kernels."""
+    module = load()
+    if module is None:
+        return None
+    level = module.best_isa()
+    return next(name for name, value in ISA_LEVELS.items() if value == level)
+
+
+def _build() -> ModuleType:
+    from torch.utils import cpp_extension
+
+    _put_ninja_on_path()
+    log.info("kiln: preparing quantized-linear kernels (compiled on first use, then cached)")
+    start = time.perf_counter()
+    module = cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(SOURCE)],
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-lpthread"],
+        verbose=False,
+    )
+    log.info("kiln: quantized-linear kernels ready in %.1f s", time.perf_counter() - start)
+    return module
+
+
+def _put_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the `ninja` wheel's binary is not there unless the venv is active."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja  # type: ignore[import-untyped]
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")

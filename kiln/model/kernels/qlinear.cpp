@@ -1,0 +1,677 @@
+// Quantized linear layers for small M (decode): y[M, N] = x[M, K] @ W^T (+ bias).
+//
+// Weights are 4-bit (q4_1: value = d*q + m, q in 0..15) or 8-bit (q8_0: value = d*q) in groups of 32
+// along K, repacked into tiles of 16 output rows (see kiln/model/quant.py for the byte layout).
+// Activations are quantized once per call to int8 per group of 32 (scale = max|x| / 127), so each
+// group of each output row is an integer dot product (AVX512-VNNI vpdpbusd: unsigned weight bytes
+// times signed activation bytes), combined with the scales in fp32:
+//     y[m, n] = sum_g  dw[n,g] * xd[m,g] * isum  +  mw[n,g] * xd[m,g] * sum(xq[m, group g])
+// q8_0 weights are stored offset by +128 (unsigned), which is the q4_1 formula with mw = -128 * dw.
+//
+// A tile keeps the 16 rows in the 16 int32 lanes of a zmm register (4 consecutive K elements per
+// lane), so one vpdpbusd with a broadcast of 4 activation bytes advances 16 rows at once and the
+// per-group scales apply to whole vectors. Several activation rows reuse every unpacked weight
+// register, so batched decode reads the weights once.
+//
+// Three code paths compute bit-identical results (same operations in the same order): AVX512-VNNI,
+// AVX2 (no VNNI: maddubs / madd emulation) and portable scalar C++. Each SIMD function carries its
+// own target attribute, so the library itself is built for the baseline ISA and stays loadable on
+// any x86-64 (or other) CPU; the path is picked at run time from cpuid.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <pthread.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define KILN_X86 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kRows = 16;      // output rows per tile
+constexpr int kGroup = 32;     // K elements per quantization group
+constexpr int kMaxMB = 8;      // activation rows sharing one pass over a tile's weights
+constexpr float kTinyAmax = 1e-30f;  // below this a group quantizes to zero (127/amax would overflow)
+
+enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
+enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512_VNNI = 2 };
+
+inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
+inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
+
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+inline float bf16_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even like c10::BFloat16 (NaN -> 0x7FC0).
+inline uint16_t float_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// What every tile of one call shares.
+struct Problem {
+  int64_t kind, M, N, G, Kp;
+  const uint8_t* qs;        // [T, G, qs_group_bytes]
+  const uint16_t* scales;   // [T, G, scale_group_halfs] fp16 bits
+  const int8_t* xq;         // [M, Kp]
+  const float* xd;          // [M, G] activation scales
+  const float* xs;          // [M, G] activation scale * sum of the group's int8 values
+  const float* bias;        // [T * 16] or nullptr
+  void* out;                // [M, N]
+  bool out_bf16;
+};
+
+// Bias, dtype conversion and the partial last tile: `acc` holds 16 rows for one activation row.
+inline void store_row_scalar(const Problem& p, int64_t m, int64_t t, const float* acc) {
+  const int64_t n0 = t * kRows;
+  const int64_t cnt = std::min<int64_t>(kRows, p.N - n0);
+  for (int64_t r = 0; r < cnt; ++r) {
+    float v = acc[r] + (p.bias ? p.bias[n0 + r] : 0.0f);
+    if (p.out_bf16) {
+      static_cast<uint16_t*>(p.out)[m * p.N + n0 + r] = float_to_bf16(v);
+    } else {
+      static_cast<float*>(p.out)[m * p.N + n0 + r] = v;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- activation quantization
+
+// Per group: amax, id = 127/amax, q = round-half-even(x * id), d = amax/127, s = d * sum(q).
+template <typename LoadFn>
+inline void quantize_group_scalar(LoadFn load, int64_t valid, int8_t* q, float* d, float* s) {
+  float v[kGroup];
+  float amax = 0.0f;
+  for (int i = 0; i < kGroup; ++i) {
+    v[i] = i < valid ? load(i) : 0.0f;
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  if (!(amax >= kTinyAmax)) amax = 0.0f;
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t sum = 0;
+  for (int i = 0; i < kGroup; ++i) {
+    const int32_t qi = static_cast<int32_t>(std::nearbyint(v[i] * id));
+    q[i] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  *d = amax / 127.0f;
+  *s = *d * static_cast<float>(sum);
+}
+
+void quantize_rows_scalar(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
+                          float* xd, float* xs) {
+  const int64_t Kp = G * kGroup;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t base = m * K + g * kGroup;
+      const int64_t valid = std::min<int64_t>(kGroup, K - g * kGroup);
+      int8_t* q = xq + m * Kp + g * kGroup;
+      if (bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(x) + base;
+        quantize_group_scalar([&](int i) { return bf16_to_float(src[i]); }, valid, q, &xd[m * G + g], &xs[m * G + g]);
+      } else {
+        const float* src = static_cast<const float*>(x) + base;
+        quantize_group_scalar([&](int i) { return src[i]; }, valid, q, &xd[m * G + g], &xs[m * G + g]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- scalar path
+
+inline int32_t weight_scalar(int64_t kind, const uint8_t* qg, int c, int r, int i) {
+  if (kind == Q4_1) {
+    const uint8_t b = qg[(c & 3) * 64 + r * 4 + i];
+    return c < 4 ? (b & 0x0F) : (b >> 4);
+  }
+  return qg[c * 64 + r * 4 + i];
+}
+
+void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
+  float acc[kMaxMB][kRows] = {};
+  for (int64_t g = 0; g < p.G; ++g) {
+    const uint8_t* qg = p.qs + (t * p.G + g) * qs_group_bytes(p.kind);
+    const uint16_t* sg = p.scales + (t * p.G + g) * scale_group_halfs(p.kind);
+    float dw[kRows], mw[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      dw[r] = half_to_float(sg[r]);
+      mw[r] = p.kind == Q4_1 ? half_to_float(sg[kRows + r]) : dw[r] * -128.0f;
+    }
+    for (int64_t j = 0; j < mb; ++j) {
+      const int64_t m = m0 + j;
+      const int8_t* xg = p.xq + m * p.Kp + g * kGroup;
+      const float xd = p.xd[m * p.G + g], xs = p.xs[m * p.G + g];
+      for (int r = 0; r < kRows; ++r) {
+        int32_t isum = 0;
+        for (int c = 0; c < 8; ++c)
+          for (int i = 0; i < 4; ++i) isum += weight_scalar(p.kind, qg, c, r, i) * xg[c * 4 + i];
+        float a = std::fma(static_cast<float>(isum), dw[r] * xd, acc[j][r]);
+        acc[j][r] = std::fma(mw[r], xs, a);
+      }
+    }
+  }
+  for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, acc[j]);
+}
+
+#ifdef KILN_X86
+
+// ---------------------------------------------------------------- AVX512-VNNI path
+
+#define KILN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+KILN_AVX512 inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+KILN_AVX512 void quantize_rows_avx512(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
+                                      float* xd, float* xs) {
+  const int64_t Kp = G * kGroup;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t base = m * K + g * kGroup;
+      const int64_t valid = std::min<int64_t>(kGroup, K - g * kGroup);
+      const __mmask16 ka = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
+      const __mmask16 kb = static_cast<__mmask16>(valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1);
+      __m512 a, b;
+      if (bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(x) + base;
+        a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(ka, src)), 16));
+        b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(kb, src + 16)), 16));
+      } else {
+        const float* src = static_cast<const float*>(x) + base;
+        a = _mm512_maskz_loadu_ps(ka, src);
+        b = _mm512_maskz_loadu_ps(kb, src + 16);
+      }
+      float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
+      if (!(amax >= kTinyAmax)) amax = 0.0f;
+      const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id));
+      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+      int8_t* q = xq + m * Kp + g * kGroup;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+      const float d = amax / 127.0f;
+      xd[m * G + g] = d;
+      xs[m * G + g] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+KILN_AVX512 inline void store_row_avx512(const Problem& p, int64_t m, int64_t t, __m512 acc) {
+  const int64_t n0 = t * kRows;
+  const int64_t cnt = std::min<int64_t>(kRows, p.N - n0);
+  const __mmask16 k = static_cast<__mmask16>(cnt >= 16 ? 0xFFFF : (1u << cnt) - 1);
+  if (p.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(p.bias + n0));
+  if (p.out_bf16) {
+    const __m512i bits = _mm512_castps_si512(acc);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * p.N + n0, k, _mm512_cvtepi32_epi16(r));
+  } else {
+    _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * p.N + n0, k, acc);
+  }
+}
+
+template <int64_t KIND, int MB>
+KILN_AVX512 void tile_avx512(const Problem& p, int64_t t, int64_t m0) {
+  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
+  const uint8_t* qs = p.qs + t * p.G * QB;
+  const uint16_t* sc = p.scales + t * p.G * SB;
+  const int8_t* xq = p.xq + m0 * p.Kp;
+  const float* xd = p.xd + m0 * p.G;
+  const float* xs = p.xs + m0 * p.G;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MB];
+  for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    const uint8_t* qg = qs + g * QB;
+    const uint16_t* sg = sc + g * SB;
+    __m512i w[8];
+    __m512 dw, mw;
+    dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+    if constexpr (KIND == Q4_1) {
+      mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + 16)));
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(qg + c * 64);
+        w[c] = _mm512_and_si512(v, low4);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+    } else {
+      mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(qg + c * 64);
+    }
+    for (int j = 0; j < MB; ++j) {
+      const int8_t* xg = xq + j * p.Kp + g * kGroup;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[c], bcast4(xg + c * 4));
+        s1 = _mm512_dpbusd_epi32(s1, w[c + 1], bcast4(xg + c * 4 + 4));
+      }
+      const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      const __m512 a = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(xd[j * p.G + g])), acc[j]);
+      acc[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[j * p.G + g]), a);
+    }
+  }
+  for (int j = 0; j < MB; ++j) store_row_avx512(p, m0 + j, t, acc[j]);
+}
+
+template <int64_t KIND>
+void tile_avx512_any(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
+  switch (mb) {
+    case 1: return tile_avx512<KIND, 1>(p, t, m0);
+    case 2: return tile_avx512<KIND, 2>(p, t, m0);
+    case 3: return tile_avx512<KIND, 3>(p, t, m0);
+    case 4: return tile_avx512<KIND, 4>(p, t, m0);
+    case 5: return tile_avx512<KIND, 5>(p, t, m0);
+    case 6: return tile_avx512<KIND, 6>(p, t, m0);
+    case 7: return tile_avx512<KIND, 7>(p, t, m0);
+    default: return tile_avx512<KIND, 8>(p, t, m0);
+  }
+}
+
+// ---------------------------------------------------------------- AVX2 path (no VNNI)
+
+#define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// Sum of 4 u8*s8 products per int32 lane, exactly (no int16 saturation even for u8 up to 255).
+template <int64_t KIND>
+KILN_AVX2 inline __m256i dot4_avx2(__m256i acc, __m256i w, __m256i x) {
+  if constexpr (KIND == Q4_1) {
+    // nibbles <= 15: pairwise u8*s8 sums stay far inside int16
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+  } else {
+    const __m256i w_even = _mm256_and_si256(w, _mm256_set1_epi16(0x00FF));
+    const __m256i w_odd = _mm256_srli_epi16(w, 8);
+    const __m256i x_even = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8);
+    const __m256i x_odd = _mm256_srai_epi16(x, 8);
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w_even, x_even));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w_odd, x_odd));
+  }
+}
+
+KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Rows 8h .. 8h+7 of a tile (bytes 32h .. 32h+31 of every 64-byte block).
+template <int64_t KIND, int MB>
+KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kRows]) {
+  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB];
+  for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
+    const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
+    __m256i w[8];
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
+    __m256 mw;
+    if constexpr (KIND == Q4_1) {
+      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
+        w[c] = _mm256_and_si256(v, low4);
+        w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      }
+    } else {
+      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+      for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
+    }
+    for (int j = 0; j < MB; ++j) {
+      const int64_t m = m0 + j;
+      const int8_t* xg = p.xq + m * p.Kp + g * kGroup;
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+      for (int c = 0; c < 8; c += 2) {
+        s0 = dot4_avx2<KIND>(s0, w[c], bcast4_avx2(xg + c * 4));
+        s1 = dot4_avx2<KIND>(s1, w[c + 1], bcast4_avx2(xg + c * 4 + 4));
+      }
+      const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+      const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[j]);
+      acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
+    }
+  }
+  for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
+}
+
+template <int64_t KIND>
+void tile_avx2(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
+  float out[kMaxMB][kRows];
+  for (int h = 0; h < 2; ++h) {
+    switch (mb) {
+      case 1: half_tile_avx2<KIND, 1>(p, t, m0, h, out); break;
+      case 2: half_tile_avx2<KIND, 2>(p, t, m0, h, out); break;
+      case 3: half_tile_avx2<KIND, 3>(p, t, m0, h, out); break;
+      default:
+        for (int64_t j = 0; j < mb; j += 4) {
+          const int64_t n = std::min<int64_t>(4, mb - j);
+          switch (n) {
+            case 1: half_tile_avx2<KIND, 1>(p, t, m0 + j, h, out + j); break;
+            case 2: half_tile_avx2<KIND, 2>(p, t, m0 + j, h, out + j); break;
+            case 3: half_tile_avx2<KIND, 3>(p, t, m0 + j, h, out + j); break;
+            default: half_tile_avx2<KIND, 4>(p, t, m0 + j, h, out + j); break;
+          }
+        }
+    }
+  }
+  for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, out[j]);
+}
+
+#endif  // KILN_X86
+
+// ---------------------------------------------------------------- thread pool
+
+// Runs the chunks of one call on the calling thread plus idle pool threads, each claiming chunks
+// from a shared counter. The caller waits for the chunks, not for the threads: on a machine shared
+// with other work a descheduled worker only means the others do its share, where an OpenMP region
+// would wait at its closing barrier for the worker to be scheduled again (milliseconds per call).
+// Workers spin briefly between calls (a decode step issues the next one within microseconds), then
+// sleep on a condition variable.
+class Pool {
+ public:
+  using Fn = void (*)(const void* ctx, int64_t chunk);
+
+  // fn(ctx, c) for every c in [0, n) on the caller and up to `helpers` pool threads.
+  void run(int64_t n, int helpers, Fn fn, const void* ctx) {
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (helpers <= 0 || n <= 1 || !busy.owns_lock() || n >= kMaxChunks) {
+      for (int64_t c = 0; c < n; ++c) fn(ctx, c);   // nested or concurrent use: run inline
+      return;
+    }
+    ensure_threads(helpers);
+    fn_ = fn;
+    ctx_ = ctx;
+    done_.store(0, std::memory_order_relaxed);
+    helpers_.store(helpers, std::memory_order_relaxed);
+    gen_ = (gen_ + 1) & kGenMask;
+    word_.store((gen_ << 48) | (static_cast<uint64_t>(n) << 24), std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      { std::lock_guard<std::mutex> lk(mu_); }
+      cv_.notify_all();
+    }
+    work(gen_);
+    while (done_.load(std::memory_order_acquire) < n) spin_pause();
+  }
+
+ private:
+  static constexpr uint64_t kGenMask = 0xFFFF;
+  static constexpr int64_t kMaxChunks = int64_t{1} << 24;
+  static constexpr int64_t kSpinNanos = 100000;
+
+  static uint64_t gen_of(uint64_t w) { return w >> 48; }
+  static int64_t total_of(uint64_t w) { return static_cast<int64_t>((w >> 24) & 0xFFFFFF); }
+  static int64_t next_of(uint64_t w) { return static_cast<int64_t>(w & 0xFFFFFF); }
+
+  static void spin_pause() {
+#ifdef KILN_X86
+    _mm_pause();
+#endif
+  }
+
+  // Claim and run chunks of generation `gen` until none is left (or a newer call replaced it).
+  void work(uint64_t gen) {
+    for (;;) {
+      uint64_t w = word_.load(std::memory_order_acquire);
+      if (gen_of(w) != gen || next_of(w) >= total_of(w)) return;
+      if (!word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
+      // a claimed chunk keeps its call alive, so fn_ and ctx_ are the ones of `gen`
+      fn_(ctx_, next_of(w));
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void ensure_threads(int helpers) {
+    while (static_cast<int>(threads_.size()) < helpers) {
+      const int index = static_cast<int>(threads_.size());
+      threads_.emplace_back([this, index] { worker(index); });
+    }
+  }
+
+  void worker(int index) {
+    uint64_t seen = gen_of(word_.load(std::memory_order_acquire));
+    for (;;) {
+      uint64_t gen = seen;
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0;; ++i) {
+        gen = gen_of(word_.load(std::memory_order_acquire));
+        if (gen != seen) break;
+        if ((i & 255) == 255 &&
+            std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(kSpinNanos)) break;
+        spin_pause();
+      }
+      if (gen == seen) {
+        std::unique_lock<std::mutex> lk(mu_);
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        cv_.wait(lk, [&] { return gen_of(word_.load(std::memory_order_seq_cst)) != seen; });
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        gen = gen_of(word_.load(std::memory_order_acquire));
+      }
+      seen = gen;
+      if (index < helpers_.load(std::memory_order_relaxed)) work(gen);
+    }
+  }
+
+  std::mutex run_mu_;                 // one call at a time uses the pool
+  std::vector<std::thread> threads_;
+  alignas(64) std::atomic<uint64_t> word_{0};  // generation (16 bits) | chunk count (24) | next chunk (24)
+  alignas(64) std::atomic<int64_t> done_{0};
+  std::atomic<int> helpers_{0};
+  std::atomic<int> sleepers_{0};
+  uint64_t gen_ = 0;
+  Fn fn_ = nullptr;
+  const void* ctx_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Never destroyed (joining workers during interpreter exit is asking for trouble); a forked child,
+// which has none of the parent's threads and maybe a mutex held by one, starts a fresh pool.
+std::atomic<Pool*> g_pool{nullptr};
+
+Pool& pool() {
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      g_pool.store(new Pool(), std::memory_order_release);
+      pthread_atfork(nullptr, nullptr, [] { g_pool.store(new Pool(), std::memory_order_release); });
+    });
+    p = g_pool.load(std::memory_order_acquire);
+  }
+  return *p;
+}
+
+int64_t detect_isa() {
+#ifdef KILN_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma"))
+    return ISA_AVX512_VNNI;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+#endif
+  return ISA_SCALAR;
+}
+
+int64_t best_isa() {
+  static const int64_t isa = detect_isa();
+  return isa;
+}
+
+int64_t resolve_isa(int64_t isa) {
+  const int64_t best = best_isa();
+  if (isa < 0) return best;
+  TORCH_CHECK(isa <= best, "kiln qlinear: ISA level ", isa, " is not supported by this CPU (best: ", best, ")");
+  return isa;
+}
+
+// Scratch for the activations, reused across calls by the calling thread.
+struct Scratch {
+  std::vector<int8_t> xq;
+  std::vector<float> xd, xs, bias;
+};
+thread_local Scratch scratch;
+
+void quantize_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
+                   float* xd, float* xs) {
+#ifdef KILN_X86
+  if (isa == ISA_AVX512_VNNI) return quantize_rows_avx512(x, bf16, M, K, G, xq, xd, xs);
+#endif
+  quantize_rows_scalar(x, bf16, M, K, G, xq, xd, xs);
+}
+
+void check_x(const torch::Tensor& x) {
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "kiln qlinear: x must be on the CPU");
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous(), "kiln qlinear: x must be a contiguous [M, K] tensor");
+  TORCH_CHECK_VALUE(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
+                    "kiln qlinear: x must be float32 or bfloat16");
+}
+
+}  // namespace
+
+// x [M, K] float32|bfloat16 -> (int8 [M, G*32], scales [M, G], scale * group sums [M, G]).
+std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x, int64_t isa) {
+  check_x(x);
+  isa = resolve_isa(isa);
+  const int64_t M = x.size(0), K = x.size(1), G = (K + kGroup - 1) / kGroup;
+  auto xq = torch::empty({M, G * kGroup}, x.options().dtype(torch::kInt8));
+  auto xd = torch::empty({M, G}, x.options().dtype(torch::kFloat32));
+  auto xs = torch::empty({M, G}, x.options().dtype(torch::kFloat32));
+  quantize_rows(isa, x.data_ptr(), x.scalar_type() == torch::kBFloat16, M, K, G, xq.data_ptr<int8_t>(),
+                xd.data_ptr<float>(), xs.data_ptr<float>());
+  return {xq, xd, xs};
+}
+
+namespace {
+
+torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
+                         int64_t n, const c10::optional<torch::Tensor>& bias, int64_t isa) {
+  TORCH_CHECK(kind == Q4_1 || kind == Q8_0, "kiln qlinear: unknown weight kind ", kind);
+  const int64_t M = x.size(0), K = x.size(1), G = (K + kGroup - 1) / kGroup;
+  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous() && qs.dim() == 3 && qs.size(1) == G &&
+                  qs.size(2) == qs_group_bytes(kind),
+              "kiln qlinear: packed weights do not match x (K = ", K, ")");
+  const int64_t T = qs.size(0);
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat16 && scales.is_contiguous() &&
+                  scales.numel() == T * G * scale_group_halfs(kind),
+              "kiln qlinear: scales do not match the packed weights");
+  TORCH_CHECK(n > (T - 1) * kRows && n <= T * kRows, "kiln qlinear: out_features ", n, " does not match ", T, " tiles");
+  isa = resolve_isa(isa);
+  auto y = torch::empty({M, n}, x.options());
+  if (M == 0 || n == 0) return y;
+
+  Scratch& s = scratch;
+  const int64_t Kp = G * kGroup;
+  s.xq.resize(M * Kp);
+  s.xd.resize(M * G);
+  s.xs.resize(M * G);
+  quantize_rows(isa, x.data_ptr(), x.scalar_type() == torch::kBFloat16, M, K, G, s.xq.data(), s.xd.data(),
+                s.xs.data());
+  const float* bias_ptr = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "kiln qlinear: bias must have out_features elements");
+    auto b = bias->to(torch::kFloat32).contiguous();
+    s.bias.assign(T * kRows, 0.0f);
+    std::memcpy(s.bias.data(), b.data_ptr<float>(), n * sizeof(float));
+    bias_ptr = s.bias.data();
+  }
+
+  const Problem p{kind, M, n, G, Kp, qs.data_ptr<uint8_t>(),
+                  reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()), s.xq.data(), s.xd.data(),
+                  s.xs.data(), bias_ptr, y.data_ptr(), x.scalar_type() == torch::kBFloat16};
+
+  // Chunks of tiles big enough that claiming one costs nothing next to computing it.
+  const int64_t tile_cost = G * qs_group_bytes(kind) * (1 + M / 2);
+  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{48} << 10) / tile_cost);
+  struct Job {
+    const Problem* p;
+    int64_t isa, per_chunk, T;
+  } job{&p, isa, per_chunk, T};
+  auto run_chunk = [](const void* ctx, int64_t chunk) {
+    const Job& j = *static_cast<const Job*>(ctx);
+    const Problem& p = *j.p;
+    const int64_t t1 = std::min(j.T, (chunk + 1) * j.per_chunk);
+    for (int64_t t = chunk * j.per_chunk; t < t1; ++t) {
+      for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
+        const int64_t mb = std::min<int64_t>(kMaxMB, p.M - m0);
+#ifdef KILN_X86
+        if (j.isa == ISA_AVX512_VNNI) {
+          p.kind == Q4_1 ? tile_avx512_any<Q4_1>(p, t, m0, mb) : tile_avx512_any<Q8_0>(p, t, m0, mb);
+          continue;
+        }
+        if (j.isa == ISA_AVX2) {
+          p.kind == Q4_1 ? tile_avx2<Q4_1>(p, t, m0, mb) : tile_avx2<Q8_0>(p, t, m0, mb);
+          continue;
+        }
+#endif
+        tile_scalar(p, t, m0, mb);
+      }
+    }
+  };
+  const int64_t chunks = (T + per_chunk - 1) / per_chunk;
+  const int helpers = at::in_parallel_region() ? 0 : at::get_num_threads() - 1;
+  pool().run(chunks, helpers, run_chunk, &job);
+  return y;
+}
+
+}  // namespace
+
+// x [..., K] (any float dtype; float32 and bfloat16 run without a conversion) -> [..., n] in x's dtype.
+torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
+                      int64_t n, int64_t k, const c10::optional<torch::Tensor>& bias, int64_t isa) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == k, "kiln qlinear: x has ", x.dim() ? x.size(-1) : 0,
+                    " features, the weight expects ", k);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "kiln qlinear: x must be on the CPU");
+  const auto dtype = x.scalar_type();
+  const bool native = dtype == torch::kFloat32 || dtype == torch::kBFloat16;
+  if (native && x.dim() == 2 && x.is_contiguous()) return qlinear_2d(x, qs, scales, kind, n, bias, isa);
+  TORCH_CHECK_VALUE(at::isFloatingType(dtype), "kiln qlinear: x must be a floating point tensor");
+  auto x2 = (native ? x : x.to(torch::kFloat32)).reshape({-1, k}).contiguous();
+  auto y = qlinear_2d(x2, qs, scales, kind, n, bias, isa);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  y = y.view(sizes);
+  return native ? y : y.to(dtype);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // the GIL is released: a server's other Python threads keep running during the matmul
+  m.def("qlinear", &qlinear, "y = x @ W^T (+ bias) for tiled q4_1 / q8_0 weights", py::arg("x"), py::arg("qs"),
+        py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
+        py::arg("isa") = -1, py::call_guard<py::gil_scoped_release>());
+  m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
+        py::arg("isa") = -1);
+  m.def("best_isa", &best_isa, "0 scalar, 1 avx2, 2 avx512-vnni");
+}

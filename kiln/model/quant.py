@@ -1,0 +1,328 @@
+"""Quantized linear weights (q4_1, q8_0 in groups of 32 along K) and `y = x @ W^T` over them.
+
+`quant_linear` runs the C++ kernel (kiln/model/kernels) on the CPU: it quantizes the activations to
+int8 per group of 32 and does integer dot products, reading the weights once per call however many
+rows `x` has. Without the kernel (no compiler, `KILN_DISABLE_KERNELS=1` at import, CUDA, or autograd
+through `x`) it dequantizes once, caches the dense weight, and calls `F.linear`.
+
+Tiled layout (N padded to tiles of 16 output rows; G = ceil(K / 32) groups; r = row in the tile):
+- q4_1 (value = d*q + m, q in 0..15): `qs` uint8 `[T, G, 256]`, byte `c*64 + r*4 + i` (c < 4) holds
+  q[r, 4c+i] in the low nibble and q[r, 16+4c+i] in the high one; `scales` float16 `[T, G, 32]`:
+  the 16 rows' d, then their m.
+- q8_0 (value = d*q, q in -128..127): `qs` uint8 `[T, G, 512]`, byte `c*64 + r*4 + i` = q[r, 4c+i] + 128;
+  `scales` float16 `[T, G, 16]`.
+GGUF Q4_1 / Q8_0 repack exactly (same float16 d, m and codes); Q4_0 (d*(q-8)) becomes d, m = -8d.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kiln.model import kernels
+
+Kind = Literal["q4_1", "q8_0"]
+GROUP = 32
+TILE_ROWS = 16
+DISABLE_ENV = "KILN_DISABLE_KERNELS"
+_KIND_IDS = {"q4_1": 0, "q8_0": 1}
+_TINY_AMAX = 1e-30   # activation groups below this quantize to zero (as in the kernel)
+
+
+@dataclass
+class QuantCodes:
+    """Row-major form of a quantized weight: codes `q [N, G*32]` (uint8 0..15 for q4_1, int8 for
+    q8_0), float16 scales `d [N, G]` and, for q4_1, float16 mins `m [N, G]`."""
+
+    kind: Kind
+    in_features: int
+    q: Tensor
+    d: Tensor
+    m: Tensor | None
+
+
+@dataclass(eq=False)
+class PackedWeight:
+    kind: Kind
+    out_features: int
+    in_features: int
+    qs: Tensor = field(repr=False)
+    scales: Tensor = field(repr=False)
+    _dense: dict[tuple[torch.dtype, torch.device], Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def groups(self) -> int:
+        return self.qs.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.scales.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.qs.device
+
+    def codes(self) -> QuantCodes:
+        return _untile(self)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """`[out_features, in_features]`; values are computed in float32 (d*q + m), then cast."""
+        c = self.codes()
+        n, g = c.d.shape
+        q = c.q.reshape(n, g, GROUP).float()
+        w = c.d.float()[..., None] * q
+        if c.m is not None:
+            w = w + c.m.float()[..., None]
+        return w.reshape(n, g * GROUP)[:, : self.in_features].to(dtype)
+
+    def select_rows(self, index: Tensor | Sequence[int]) -> PackedWeight:
+        """The output rows `index` (any order, e.g. undoing llama.cpp's Q/K permutation)."""
+        c = self.codes()
+        idx = torch.as_tensor(index, dtype=torch.long, device=c.q.device)
+        m = None if c.m is None else c.m[idx]
+        return _tile(QuantCodes(c.kind, c.in_features, c.q[idx], c.d[idx], m))
+
+    def to(self, device: torch.device | str) -> PackedWeight:
+        return PackedWeight(self.kind, self.out_features, self.in_features, self.qs.to(device), self.scales.to(device))
+
+
+# ---------------------------------------------------------------- tiling
+
+
+def _tile(c: QuantCodes) -> PackedWeight:
+    n = c.q.shape[0]
+    if c.kind == "q4_1":
+        q = c.q.reshape(n, -1, GROUP)
+        blocks = q[..., :16] | (q[..., 16:] << 4)
+    else:
+        blocks = c.q.reshape(n, -1, GROUP).view(torch.uint8) ^ 0x80
+    return _tile_blocks(c.kind, c.in_features, blocks, c.d, c.m)
+
+
+def _tile_blocks(kind: Kind, in_features: int, blocks: Tensor, d: Tensor, m: Tensor | None) -> PackedWeight:
+    """Tile per-group bytes `[N, G, 16 | 32]`: for q4_1 byte j holds codes j (low nibble) and j + 16
+    (high), as in GGUF; for q8_0 byte j is code j + 128. Both map onto tiles by a permutation."""
+    n, g, nb = blocks.shape
+    t = -(-n // TILE_ROWS)
+    pad = t * TILE_ROWS - n
+    if pad:
+        blocks = F.pad(blocks, (0, 0, 0, 0, 0, pad))
+        d = F.pad(d, (0, 0, 0, pad))
+        m = None if m is None else F.pad(m, (0, 0, 0, pad))
+    # [T, r, G, c] -> [T, G, c, r], moving the 4 bytes (i) of each lane as one int32
+    lanes = blocks.contiguous().view(torch.int32).reshape(t, TILE_ROWS, g, nb // 4)
+    qs = lanes.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(t, g, nb * TILE_ROWS)
+    parts = [d] if m is None else [d, m]
+    scales = torch.cat([p.reshape(t, TILE_ROWS, g).permute(0, 2, 1) for p in parts], dim=-1)
+    return PackedWeight(kind, n, in_features, qs.contiguous(), scales.contiguous())
+
+
+def _untile(p: PackedWeight) -> QuantCodes:
+    t, g, qb = p.qs.shape
+    n = p.out_features
+    nb = qb // TILE_ROWS
+    # [T, G, c, r] -> [T, r, G, c] (int32 lanes of 4 bytes)
+    lanes = p.qs.view(torch.int32).view(t, g, nb // 4, TILE_ROWS).permute(0, 3, 1, 2).contiguous()
+    blocks = lanes.view(torch.uint8).reshape(t * TILE_ROWS, g, nb)[:n]
+    if p.kind == "q4_1":
+        q = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).reshape(n, g * GROUP)
+    else:
+        q = (blocks ^ 0x80).view(torch.int8).reshape(n, g * GROUP)
+    sc = p.scales.view(t, g, -1, TILE_ROWS).permute(2, 0, 3, 1).reshape(-1, t * TILE_ROWS, g)[:, :n]
+    return QuantCodes(p.kind, p.in_features, q, sc[0], sc[1] if p.kind == "q4_1" else None)
+
+
+def concat_packed(parts: Sequence[PackedWeight]) -> PackedWeight:
+    """Stack weights along the output dimension (e.g. q/k/v or gate/up) so one call computes all."""
+    if not parts:
+        raise ValueError("concat_packed needs at least one weight")
+    first = parts[0]
+    for p in parts[1:]:
+        if p.kind != first.kind or p.in_features != first.in_features:
+            raise ValueError(
+                f"cannot concatenate {p.kind} [*, {p.in_features}] with {first.kind} [*, {first.in_features}]"
+            )
+    n = sum(p.out_features for p in parts)
+    if all(p.out_features % TILE_ROWS == 0 for p in parts[:-1]):
+        # whole tiles: the layouts simply stack
+        qs = torch.cat([p.qs for p in parts])
+        scales = torch.cat([p.scales for p in parts])
+        return PackedWeight(first.kind, n, first.in_features, qs, scales)
+    codes = [p.codes() for p in parts]
+    m = None if first.kind == "q8_0" else torch.cat([c.m for c in codes])  # type: ignore[misc]
+    return _tile(QuantCodes(first.kind, first.in_features, torch.cat([c.q for c in codes]),
+                            torch.cat([c.d for c in codes]), m))
+
+
+# ---------------------------------------------------------------- packing from float
+
+
+def _groups_of(weight: Tensor) -> tuple[Tensor, int]:
+    if weight.dim() != 2:
+        raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
+    w = weight.detach().float()
+    n, k = w.shape
+    pad = -k % GROUP
+    if pad:
+        # repeat the last column: the padding cannot widen the last group's range
+        w = F.pad(w[None], (0, pad), mode="replicate")[0]
+    return w.view(n, -1, GROUP), k
+
+
+def _check_scales(*scales: Tensor) -> None:
+    for s in scales:
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError("weight values out of float16 scale range (or not finite); cannot quantize")
+
+
+def pack_q4_1(weight: Tensor) -> PackedWeight:
+    """Quantize a float weight `[N, K]` to q4_1 (per group: d = (max - min) / 15, m = min)."""
+    wg, k = _groups_of(weight)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    d, m = ((hi - lo) / 15).half(), lo.half()
+    _check_scales(d, m)
+    df, mf = d.float()[..., None], m.float()[..., None]
+    q = torch.where(df > 0, torch.round((wg - mf) / df.clamp_min(1e-45)), 0.0).clamp_(0, 15)
+    return _tile(QuantCodes("q4_1", k, q.to(torch.uint8).view(wg.shape[0], -1), d, m))
+
+
+def pack_q8_0(weight: Tensor) -> PackedWeight:
+    """Quantize a float weight `[N, K]` to q8_0 (per group: d = max|w| / 127)."""
+    wg, k = _groups_of(weight)
+    d = (wg.abs().amax(-1) / 127).half()
+    _check_scales(d)
+    df = d.float()[..., None]
+    q = torch.where(df > 0, torch.round(wg / df.clamp_min(1e-45)), 0.0).clamp_(-127, 127)
+    return _tile(QuantCodes("q8_0", k, q.to(torch.int8).view(wg.shape[0], -1), d, None))
+
+
+# ---------------------------------------------------------------- packing GGUF blocks
+
+GGUFData = bytes | bytearray | memoryview | np.ndarray | Tensor
+
+
+def _gguf_blocks(data: GGUFData, shape: Sequence[int], block_bytes: int, name: str) -> tuple[Tensor, int, int]:
+    if len(shape) != 2:
+        raise ValueError(f"{name}: expected a 2-D shape (out, in), got {tuple(shape)}")
+    n, k = int(shape[0]), int(shape[1])
+    if k % GROUP:
+        raise ValueError(f"{name}: in_features {k} is not a multiple of {GROUP}")
+    if isinstance(data, Tensor):
+        raw = data.detach().cpu().contiguous().view(torch.uint8).reshape(-1).clone()
+    else:
+        arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        raw = torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True).reshape(-1))
+    expected = n * (k // GROUP) * block_bytes
+    if raw.numel() != expected:
+        raise ValueError(f"{name}: {raw.numel()} bytes for shape {(n, k)}, expected {expected}")
+    return raw.view(-1, block_bytes), n, k
+
+
+def _f16(blocks: Tensor, start: int) -> Tensor:
+    """The float16 at byte `start` of every block (copied as int16: a strided byte copy is slow)."""
+    return blocks.view(torch.int16)[:, start // 2].contiguous().view(torch.float16)
+
+
+def pack_q4_1_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
+    """GGUF Q4_1 blocks (d f16, m f16, 16 bytes) of a `[N, K]` tensor; dequantizes bit-identically."""
+    b, n, k = _gguf_blocks(data, shape, 20, "Q4_1")
+    d, m = _f16(b, 0).view(n, -1), _f16(b, 2).view(n, -1)
+    return _tile_blocks("q4_1", k, b[:, 4:].reshape(n, -1, 16), d, m)
+
+
+def pack_q4_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
+    """GGUF Q4_0 blocks (d f16, 16 bytes; value d*(q-8)) as q4_1 with m = -8d (exact in float16)."""
+    b, n, k = _gguf_blocks(data, shape, 18, "Q4_0")
+    d = _f16(b, 0).view(n, -1)
+    m = (d.float() * -8).half()
+    _check_scales(m)
+    return _tile_blocks("q4_1", k, b[:, 2:].reshape(n, -1, 16), d, m)
+
+
+def pack_q8_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
+    """GGUF Q8_0 blocks (d f16, 32 int8) of a `[N, K]` tensor; dequantizes bit-identically."""
+    b, n, k = _gguf_blocks(data, shape, 34, "Q8_0")
+    return _tile_blocks("q8_0", k, (b[:, 2:] ^ 0x80).reshape(n, -1, 32), _f16(b, 0).view(n, -1), None)
+
+
+# ---------------------------------------------------------------- matmul
+
+
+def _disabled_by_env() -> bool:
+    return os.environ.get(DISABLE_ENV, "") not in ("", "0")
+
+
+# read once: looking the variable up costs as much as a small GEMV call
+_kernels_disabled = _disabled_by_env()
+
+
+def refresh_from_env() -> None:
+    """Re-read `KILN_DISABLE_KERNELS` (it is read once, at import)."""
+    global _kernels_disabled
+    _kernels_disabled = _disabled_by_env()
+
+
+def kernels_available() -> bool:
+    """Whether `quant_linear` runs the C++ kernel on CPU tensors (compiles it on the first call)."""
+    return not _kernels_disabled and kernels.load() is not None
+
+
+def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *, isa: str | None = None) -> Tensor:
+    """`x [..., K] @ W^T (+ bias)` in the dtype of `x`. `isa` ("avx512_vnni", "avx2", "scalar")
+    forces a kernel code path; None picks the fastest this CPU has."""
+    # the decode hot path: a couple of hundred calls per token, so every check here is a cheap one
+    module = None if _kernels_disabled else kernels.load()
+    if module is None or not x.is_cpu or not packed.qs.is_cpu or (x.requires_grad and torch.is_grad_enabled()):
+        if x.shape[-1] != packed.in_features:
+            raise ValueError(f"x has {x.shape[-1]} features, the weight expects {packed.in_features}")
+        return _dense_linear(x, packed, bias)
+    return module.qlinear(
+        x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features, packed.in_features, bias,
+        -1 if isa is None else kernels.ISA_LEVELS[isa],
+    )
+
+
+def _dense_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None) -> Tensor:
+    # dequantizing per call would cost more than the matmul: keep the dense copy (memory for speed)
+    key = (x.dtype, x.device)
+    w = packed._dense.get(key)
+    if w is None:
+        w = packed.dequantize(torch.float32).to(device=x.device, dtype=x.dtype)
+        packed._dense[key] = w
+    return F.linear(x, w, None if bias is None else bias.to(x.dtype))
+
+
+def quantize_activations_reference(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's activation quantization in torch: `x [M, K]` -> (int8 `[M, G*32]`, scales `[M, G]`,
+    scale * group sum `[M, G]`), with q = round-half-even(x * (127 / max|x|))."""
+    xf = x.float()
+    m, k = xf.shape
+    xg = F.pad(xf, (0, -k % GROUP)).view(m, -1, GROUP)
+    amax = xg.abs().amax(-1)
+    amax = torch.where(amax >= _TINY_AMAX, amax, torch.zeros_like(amax))
+    # tensor / tensor: `127.0 / amax` would compute reciprocal(amax) * 127, rounding twice
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax.clamp_min(_TINY_AMAX), torch.zeros_like(amax))
+    q = torch.round(xg * inv[..., None])
+    d = amax / 127.0
+    s = d * q.sum(-1)
+    return q.to(torch.int8).view(m, -1), d, s
+
+
+def quant_linear_reference(x: Tensor, packed: PackedWeight, bias: Tensor | None = None) -> Tensor:
+    """What the kernel computes, in plain torch: int8 activations per group times the dequantized
+    weight, accumulated in float32 (only the summation order differs from the kernel)."""
+    k, n = packed.in_features, packed.out_features
+    lead = x.shape[:-1]
+    q, d, _ = quantize_activations_reference(x.reshape(-1, k))
+    xq = (q.float().view(q.shape[0], -1, GROUP) * d[..., None]).view(q.shape[0], -1)[:, :k]
+    y = xq @ packed.dequantize(torch.float32).T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).view(*lead, n)

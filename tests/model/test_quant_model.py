@@ -1,0 +1,64 @@
+"""Serving a GGUF with its own quantized blocks: exact weights, q/k permutation undone, close logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from kiln.model.kv_cache import KVCache, build_attention_metadata
+from kiln.model.loader import load_model
+
+from .conftest import make_hf
+from .test_gguf import write_llama_gguf
+
+
+def _paged_logits(model, ids: list[int], packed_ok: bool) -> torch.Tensor:
+    cache = KVCache(model.config, 8, 4, torch.float32, torch.device("cpu"))
+    meta, pos = build_attention_metadata([(list(range(8)), 0, len(ids))], 4, "cpu")
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.tensor(pos), meta, cache)
+        return model.compute_logits(hidden, packed_ok=packed_ok)
+
+
+@pytest.mark.parametrize("quant", [Q.Q8_0, Q.Q4_1, Q.Q4_0])
+def test_gguf_quantization_packs_the_stored_blocks_exactly(tmp_path, quant):
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), quant)
+    model, weights = load_model(path, dtype="float32", quantization="gguf")
+    assert weights.quantization == "gguf"
+    packed = {n: m.packed for n, m in model.named_modules() if hasattr(m, "packed")}
+    assert "model.layers.0.self_attn.q_proj" in packed and "model.layers.1.self_attn.k_proj" in packed
+    for name, pw in packed.items():
+        dense = model.get_submodule(name).weight.float()
+        assert torch.equal(pw.dequantize(torch.float32), dense), name
+
+
+def test_gguf_quantized_paged_logits_track_the_dense_ones(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q8_0)
+    model, _ = load_model(path, dtype="float32", quantization="gguf")
+    ids = [3, 14, 15, 9, 26, 5, 35]
+    dense = _paged_logits(model, ids, packed_ok=False)
+    quant = _paged_logits(model, ids, packed_ok=True)
+    # only the 8-bit activations differ; a wrong row permutation would be far off
+    assert (quant - dense).abs().max() < 0.05 * dense.abs().max()
+    # the dense path (training, scoring) never uses the packed weights
+    assert torch.equal(model.forward_dense(torch.tensor([ids]))[0], model.forward_dense(torch.tensor([ids]))[0])
+
+
+def test_default_is_the_dense_path(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q8_0)
+    model, weights = load_model(path, dtype="float32")
+    assert weights.quantization == "none"
+    assert not any(hasattr(m, "packed") for m in model.modules())
+
+
+def test_q8_0_quantizes_an_hf_checkpoint(tiny_llama, tmp_path):
+    model, weights = load_model(tiny_llama.path, dtype="float32", quantization="q8_0")
+    assert weights.quantization == "q8_0"
+    ids = [5, 6, 7, 8]
+    dense = _paged_logits(model, ids, packed_ok=False)
+    quant = _paged_logits(model, ids, packed_ok=True)
+    assert (quant - dense).abs().max() < 0.05 * dense.abs().max()
