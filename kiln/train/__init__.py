@@ -1,1 +1,6 @@
+"""Training LoRA adapters on the served model, in the serving process (semantics.md §12).
 
+requests (wire shapes) -> sources (rows + provenance) -> masks/sft/grpo (tokens, losses) -> plan
+(everything checked at submission) -> manager (queue, worker thread, records via job_store, webhook)
+-> executor (loop over the frozen base with trainable_lora, forward, then save + auto-load).
+"""

@@ -88,7 +88,8 @@ async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResp
                                                  state.services.get("datasets"))
     job = manager.submit(plan)
     what = f"{len(plan.work.items)} {'examples' if plan.job_type == 'sft' else 'groups'}"
-    return JSONResponse({"job_id": job.job_id, "state": job.state, "adapter_name": job.adapter_name,
+    # "queued" is the state at submission (§12.1); the worker may already have picked the job up.
+    return JSONResponse({"job_id": job.job_id, "state": "queued", "adapter_name": job.adapter_name,
                          "message": f"Queued {plan.job_type.upper()} job training adapter `{job.adapter_name}` "
                                     f"on {what} ({job.total_steps} steps)"})
 

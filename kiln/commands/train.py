@@ -1,0 +1,246 @@
+"""`kiln train sft|grpo|status|queue|cancel`: submit training jobs to the server at --url and follow them.
+
+`sft FILE` reads a local JSONL file of conversations and sends it inline; `--dataset NAME` trains on an
+uploaded dataset split; `--server-path PATH` names a JSONL file on the server's own disk. `grpo` takes
+the same sources with rows of {messages, completions: [{text, reward}]}. Submitting follows the job
+with a progress bar and the loss until it ends (Ctrl-C cancels it); `status --follow` does the same
+for a job already running.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
+
+POLL_SECONDS = 0.5
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train LoRA adapters on the server (SFT, GRPO) and follow the jobs")
+    cmds = p.add_subparsers(dest="train_command", metavar="ACTION", required=True)
+
+    sft = cmds.add_parser("sft", help="supervised fine-tuning on chat conversations")
+    _source_args(sft, "JSONL of {\"messages\": [...]} conversations")
+    _common_args(sft)
+    sft.set_defaults(func=lambda a: run_client_command(_submit_sft, a))
+
+    grpo = cmds.add_parser("grpo", help="GRPO on groups of scored completions")
+    _source_args(grpo, "JSONL of {\"messages\": [...], \"completions\": [{\"text\", \"reward\"}]} groups")
+    _common_args(grpo)
+    grpo.add_argument("--kl-coeff", type=float, help="KL penalty coefficient (default 0.1)")
+    grpo.add_argument("--clip-epsilon", type=float, help="ratio clip epsilon (default 0.2)")
+    grpo.add_argument("--kl-estimator", choices=("k3", "k1", "none"))
+    grpo.add_argument("--reward-scorer", metavar="JSON",
+                      help='score completions with an eval scorer, e.g. \'{"kind": "exact_match"}\'')
+    grpo.add_argument("--target", help="with --reward-scorer: the target for groups without their own")
+    grpo.set_defaults(func=lambda a: run_client_command(_submit_grpo, a))
+
+    status = cmds.add_parser("status", help="list training jobs, or show / follow one")
+    status.add_argument("job_id", nargs="?", help="a job id (default: all jobs; with --follow the running one)")
+    status.add_argument("--follow", "-f", action="store_true", help="follow the job with a progress bar until it ends")
+    status.add_argument("--json", action="store_true")
+    add_url_argument(status)
+    status.set_defaults(func=lambda a: run_client_command(_status, a))
+
+    queue = cmds.add_parser("queue", help="show the running and queued jobs")
+    queue.add_argument("--json", action="store_true")
+    add_url_argument(queue)
+    queue.set_defaults(func=lambda a: run_client_command(_queue, a))
+
+    cancel = cmds.add_parser("cancel", help="cancel a queued job, or stop a running one at its next step")
+    cancel.add_argument("job_id")
+    add_url_argument(cancel)
+    cancel.set_defaults(func=lambda a: run_client_command(_cancel, a))
+
+
+def _source_args(p, what: str) -> None:
+    p.add_argument("file", nargs="?", type=Path, metavar="FILE", help=f"local {what}, sent inline")
+    p.add_argument("--dataset", help="train on this uploaded dataset instead")
+    p.add_argument("--split", help="dataset split (default train)")
+    p.add_argument("--server-path", help="train on this absolute JSONL path on the server's disk instead")
+
+
+def _common_args(p) -> None:
+    p.add_argument("--output", "-o", dest="output_name", help="adapter name to create (default: generated)")
+    p.add_argument("--base-adapter", help="continue training this adapter")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing adapter named --output")
+    p.add_argument("--rank", dest="lora_rank", type=int)
+    p.add_argument("--alpha", dest="lora_alpha", type=float)
+    p.add_argument("--target-modules", help="comma-separated projections (default: all attention and MLP)")
+    p.add_argument("--lr", dest="learning_rate", type=float)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int)
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-auto-load", action="store_true", help="do not make the new adapter the server default")
+    p.add_argument("--webhook-url", help="POST the job's terminal state here")
+    p.add_argument("--no-follow", action="store_true", help="submit and print the job id without waiting")
+    p.add_argument("--json", action="store_true", help="print the final job detail as JSON")
+    add_url_argument(p)
+
+
+_CONFIG_KEYS = ("output_name", "base_adapter", "overwrite", "lora_rank", "lora_alpha", "learning_rate", "epochs",
+                "batch_size", "gradient_accumulation_steps", "max_seq_len", "seed", "webhook_url")
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise ServerError(0, f"{path} line {lineno} is not valid JSON: {e}") from None
+    return rows
+
+
+def build_body(args, inline_key: str) -> dict[str, Any]:
+    sources = [s for s in (args.file, args.dataset, args.server_path) if s is not None]
+    if len(sources) != 1:
+        raise ServerError(0, "give exactly one of FILE, --dataset or --server-path")
+    body: dict[str, Any] = {}
+    if args.file is not None:
+        body[inline_key] = read_jsonl(args.file)
+    elif args.dataset is not None:
+        body["dataset"] = args.dataset
+        if args.split:
+            body["dataset_split"] = args.split
+    else:
+        body["dataset_path"] = args.server_path
+    config = {k: getattr(args, k) for k in _CONFIG_KEYS if getattr(args, k, None) not in (None, False)}
+    if args.target_modules:
+        config["target_modules"] = [m.strip() for m in args.target_modules.split(",") if m.strip()]
+    if args.no_auto_load:
+        config["auto_load"] = False
+    for key in ("kl_coeff", "clip_epsilon", "kl_estimator"):
+        if getattr(args, key, None) is not None:
+            config[key] = getattr(args, key)
+    body["config"] = config
+    if getattr(args, "reward_scorer", None):
+        try:
+            scorer = json.loads(args.reward_scorer)
+        except ValueError as e:
+            raise ServerError(0, f"--reward-scorer is not valid JSON: {e}") from None
+        body["reward_scorer"] = {"scorer": scorer, **({"target": args.target} if args.target else {})}
+    return body
+
+
+def _submit_sft(client: ServerClient, args) -> int:
+    return _submit(client, args, "/v1/train/sft", build_body(args, "examples"))
+
+
+def _submit_grpo(client: ServerClient, args) -> int:
+    return _submit(client, args, "/v1/train/grpo", build_body(args, "groups"))
+
+
+def _submit(client: ServerClient, args, path: str, body: dict[str, Any]) -> int:
+    receipt = client.post(path, json=body)
+    print(receipt["message"], file=sys.stderr)
+    if args.no_follow:
+        print(receipt["job_id"])
+        return 0
+    return _report(follow(client, receipt["job_id"]), as_json=args.json, client=client)
+
+
+def follow(client: ServerClient, job_id: str) -> dict[str, Any]:
+    """Poll until the job ends, drawing progress and loss; Ctrl-C cancels it and keeps following."""
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]}"), TimeElapsedColumn())
+    cancelled = False
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(job_id, total=None, loss="-", speed="")
+        while True:
+            try:
+                status = client.get(f"/v1/train/status/{quote(job_id, safe='')}")
+                if status["state"] in TERMINAL:
+                    return status
+                loss = status.get("current_loss")
+                speed = status.get("tokens_per_sec")
+                progress.update(task, description=f"{status['adapter_name']} {status['state']}",
+                                total=status.get("total_steps") or None, completed=status.get("step", 0),
+                                loss="-" if loss is None else f"{loss:.4f}",
+                                speed="" if speed is None else f"{speed:.0f} tok/s")
+                time.sleep(POLL_SECONDS)
+            except KeyboardInterrupt:
+                if cancelled:
+                    raise
+                cancelled = True
+                console.print(f"cancelling {job_id} (Ctrl-C again to stop waiting)")
+                client.delete(f"/v1/train/jobs/{quote(job_id, safe='')}")
+
+
+def _report(status: dict[str, Any], *, as_json: bool, client: ServerClient) -> int:
+    if as_json:
+        print(json.dumps(client.get(f"/v1/train/jobs/{quote(status['job_id'], safe='')}"), indent=2))
+    else:
+        line = f"{status['job_id']}: {status['state']} - adapter {status['adapter_name']}"
+        if status.get("current_loss") is not None:
+            line += f", final loss {status['current_loss']:.4f}"
+        line += f", {status.get('elapsed_secs', 0):.1f}s"
+        if status.get("activated"):
+            line += " (now the server default)"
+        print(line)
+        for key in ("error", "activation_error"):
+            if status.get(key):
+                print(f"{key.replace('_', ' ')}: {status[key]}", file=sys.stderr)
+    return 0 if status["state"] == "completed" else 1
+
+
+def _status(client: ServerClient, args) -> int:
+    if args.follow:
+        job_id = args.job_id or (client.get("/v1/train/queue").get("running") or {}).get("job_id")
+        if not job_id:
+            print("no training job is running", file=sys.stderr)
+            return 1
+        return _report(follow(client, job_id), as_json=args.json, client=client)
+    if args.job_id:
+        status = client.get(f"/v1/train/status/{quote(args.job_id, safe='')}")
+        print(json.dumps(status, indent=2))
+        return 0
+    jobs = client.get("/v1/train/status")
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    table = Table("job", "type", "state", "progress", "loss", "adapter", "submitted")
+    for j in jobs:
+        loss = j.get("current_loss")
+        table.add_row(j["job_id"], j["job_type"], j["state"], f"{100 * j['progress']:.0f}%",
+                      "-" if loss is None else f"{loss:.4f}", j["adapter_name"], j["submitted_at"])
+    Console().print(table)
+    return 0
+
+
+def _queue(client: ServerClient, args) -> int:
+    view = client.get("/v1/train/queue")
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    running = view.get("running")
+    print(f"running: {running['job_id']} ({running['adapter_name']}, {100 * running['progress']:.0f}%)"
+          if running else "running: none")
+    for q in view["queued"]:
+        print(f"  {q['position']}. {q['job_id']} {q['job_type']} -> {q['adapter_name']}")
+    return 0
+
+
+def _cancel(client: ServerClient, args) -> int:
+    job = quote(args.job_id, safe="")
+    state = client.get(f"/v1/train/status/{job}")["state"]
+    if state in TERMINAL:  # DELETE on a finished job would forget it; cancel never does that
+        print(f"{args.job_id} already ended ({state})", file=sys.stderr)
+        return 1
+    print(json.dumps(client.delete(f"/v1/train/jobs/{job}")))
+    return 0

@@ -1,0 +1,122 @@
+"""Run one plan on the served model, in the calling (training) thread, and publish the adapter.
+
+The base weights are the ones the serving actor uses -- no copy -- frozen (requires_grad False) and
+never written: only the LoRA factors get gradients. The actor keeps serving meanwhile; the loop
+yields at every step and, on CPU, leaves the actor a core of its own. On success the adapter is saved atomically (PEFT files, receipt, manifest) and,
+with auto_load, made the server default through the active-adapter holder, whose callbacks swap it
+into the engine (requests already running finish on the weights they started with).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln.adapters.active import model_spec_for
+from kiln.adapters.peft_format import config_dict
+from kiln.errors import KilnError
+from kiln.store.clock import utc_now_rfc3339
+from kiln.train.jobs import TrainJob
+from kiln.train.loop import StepReport, run_loop
+from kiln.train.memory import PeakTracker
+from kiln.train.plan import TrainingPlan
+from kiln.train.receipt import build_lineage, build_receipt
+from kiln.train.trainable_lora import TrainableLora, freeze_base
+
+log = logging.getLogger("kiln.train")
+
+# Intra-op threads as the process started with (read at import, in the main thread): on CPU the
+# training thread takes one fewer, so the serving actor always has a core to itself.
+_PROCESS_THREADS = torch.get_num_threads()
+
+
+@dataclass
+class JobContext:
+    """What a job needs from the server; built when the job starts (the model may load after submission)."""
+
+    engine: Any                 # ServingEngine: .actor.runner.model, .tokenizer, .template, .info, .identity
+    adapters: Any               # AdapterStore
+    active: Any | None = None   # ActiveAdapter
+
+
+def served_model(engine: Any) -> torch.nn.Module:
+    return engine.actor.runner.model
+
+
+def _trainable_rotary(model: torch.nn.Module) -> None:
+    # Tables built under the actor's inference_mode cannot be saved for backward; the values are the
+    # same, so swap in ordinary copies (one attribute store each, safe against the reading actor).
+    rotary = getattr(model, "rotary", None)
+    if rotary is None:
+        return
+    for name in ("cos", "sin_signed"):
+        t = getattr(rotary, name, None)
+        if isinstance(t, torch.Tensor) and t.is_inference():
+            setattr(rotary, name, t.clone())
+
+
+def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Callable[[], None],
+            should_stop: Callable[[], bool]) -> None:
+    """Train, save, activate. Mutates `job` (progress, loss, results); raises Cancelled or an error."""
+    model = served_model(ctx.engine)
+    freeze_base(model)
+    _trainable_rotary(model)
+    param = next(model.parameters())
+    if param.device.type == "cpu":
+        torch.set_num_threads(max(1, _PROCESS_THREADS - 1))  # this thread only
+    base_dtype = str(param.dtype).removeprefix("torch.")
+    lora = TrainableLora(model.config, plan.lora.rank, plan.lora.alpha, plan.lora.target_modules,
+                         device=param.device, seed=plan.lora.seed)
+    if plan.lora.base_factors is not None:
+        lora.load_factors(plan.lora.base_factors)
+    job.total_steps = plan.loop.total_steps(len(plan.work.items))
+    memory = PeakTracker()
+    job.memory = {"rss_start_mb": round(memory.start_mb, 1), "rss_peak_mb": round(memory.start_mb, 1),
+                  "peak_is_high_water_mark": memory.exact}
+    t0 = time.perf_counter()
+
+    def step_done(r: StepReport) -> None:
+        job.step, job.epoch = r.step, r.epoch
+        job.progress = r.step / max(r.total_steps, 1)
+        job.current_loss = r.loss
+        job.tokens_per_sec = round(r.tokens_per_sec, 2)
+        job.tokens_trained += r.tokens
+        job.elapsed_secs = round(r.elapsed_secs, 3)
+        job.metrics = {k: round(v, 6) for k, v in r.metrics.items()}
+        job.add_point({"step": r.step, "epoch": r.epoch, "loss": r.loss, **job.metrics})
+        job.memory["rss_peak_mb"] = round(memory.sample(), 1)
+        on_update()
+
+    run_loop(model, lora, plan.work, plan.loop, on_step=step_done, should_stop=should_stop)
+    duration = time.perf_counter() - t0
+    finished = utc_now_rfc3339()
+    receipt = build_receipt(job, plan, ctx.engine, finished_at=finished, duration_secs=duration, base_dtype=base_dtype)
+    served_id = getattr(getattr(ctx.engine, "info", None), "served_model_id", None)
+    adapter_config = config_dict(plan.lora.rank, plan.lora.alpha, plan.lora.target_modules,
+                                 base_model_name_or_path=served_id)
+    info = ctx.adapters.save_adapter(plan.adapter_name, lora.factors(), adapter_config, receipt,
+                                     lineage=build_lineage(plan, ctx.engine, base_dtype), overwrite=plan.overwrite)
+    del lora
+    job.adapter_path = str(ctx.adapters.path(plan.adapter_name))
+    job.train_receipt = {k: v for k, v in receipt.items() if k != "loss_curve"}
+    job.train_receipt["adapter_content_sha256"] = info.content_sha256
+    job.progress = 1.0
+    if plan.auto_load:
+        _activate(job, plan, ctx)
+
+
+def _activate(job: TrainJob, plan: TrainingPlan, ctx: JobContext) -> None:
+    if ctx.active is None:
+        job.activated, job.activation_error = False, "this server has no active-adapter holder"
+        return
+    try:
+        ctx.active.load(plan.adapter_name, model_spec_for(ctx.engine))
+        job.activated = True
+    except KilnError as e:
+        log.warning("training job %s: auto_load of %s failed: %s", job.job_id, plan.adapter_name, e.message)
+        job.activated, job.activation_error = False, e.message

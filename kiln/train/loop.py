@@ -1,0 +1,124 @@
+"""The optimisation loop shared by SFT and GRPO: epochs of shuffled items, micro-batches with gradient
+accumulation, AdamW on the LoRA factors only, a cancel check and a yield at every step boundary.
+
+A step takes `batch_size * grad_accum` items, split into `grad_accum` micro-batches. Each micro-batch
+loss is already divided by the step's trained-token count, so the accumulated gradient is that of the
+token mean over the step. Between steps the thread sleeps briefly: the serving actor shares the CPU
+(or GPU) and must keep answering while a job runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from kiln.model.lora import LoraDelta
+
+
+class Work(Protocol):
+    @property
+    def items(self) -> Sequence[Any]: ...
+
+    def tokens(self, item: Any) -> int: ...
+
+    def loss(self, model: torch.nn.Module, lora: LoraDelta, items: Sequence[Any], normalizer: int,
+             memo: dict[str, Any]) -> tuple[Tensor, dict[str, float]]: ...
+
+
+@dataclass
+class LoopConfig:
+    learning_rate: float
+    epochs: int = 1
+    batch_size: int = 1
+    grad_accum: int = 1
+    seed: int = 0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    updates_per_step: int = 1        # GRPO's mu: optimizer updates on the same batch
+    yield_secs: float = 0.002
+
+    def steps_per_epoch(self, n_items: int) -> int:
+        return math.ceil(n_items / (self.batch_size * self.grad_accum))
+
+    def total_steps(self, n_items: int) -> int:
+        return self.epochs * self.steps_per_epoch(n_items) * self.updates_per_step
+
+
+@dataclass
+class StepReport:
+    step: int               # 1-based optimizer updates done
+    total_steps: int
+    epoch: int              # 1-based
+    loss: float
+    tokens: int             # trained tokens in this step
+    tokens_per_sec: float
+    elapsed_secs: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Cancelled(Exception):
+    """The job was cancelled; raised at a step boundary, before the next update."""
+
+
+def _schedule(n: int, cfg: LoopConfig) -> list[tuple[int, list[int]]]:
+    """(epoch, item indices) per step; a fresh seeded shuffle every epoch."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    per_step = cfg.batch_size * cfg.grad_accum
+    out = []
+    for epoch in range(1, cfg.epochs + 1):
+        order = torch.randperm(n, generator=gen).tolist()
+        out += [(epoch, order[i : i + per_step]) for i in range(0, n, per_step)]
+    return out
+
+
+def run_loop(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: LoopConfig, *,
+             on_step: Callable[[StepReport], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> list[StepReport]:
+    items = list(work.items)
+    params = [p for p in lora.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    total = cfg.total_steps(len(items))
+    reports: list[StepReport] = []
+    started = time.perf_counter()
+    step = 0
+    model.train(False)
+    for epoch, indices in _schedule(len(items), cfg):
+        chosen = [items[i] for i in indices]
+        micro = [chosen[i : i + cfg.batch_size] for i in range(0, len(chosen), cfg.batch_size)]
+        normalizer = sum(work.tokens(it) for it in chosen)
+        memos: list[dict[str, Any]] = [{} for _ in micro]
+        for _ in range(cfg.updates_per_step):
+            if should_stop is not None and should_stop():
+                raise Cancelled()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            metrics: dict[str, float] = {}
+            for mb, memo in zip(micro, memos, strict=True):
+                loss, extra = work.loss(model, lora, mb, normalizer, memo)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                for k, v in extra.items():
+                    metrics[k] = metrics.get(k, 0.0) + v
+                time.sleep(0)  # let the serving thread in between micro-batches
+            if not math.isfinite(loss_sum):
+                raise FloatingPointError(f"the loss became {loss_sum} at step {step + 1}; lower the learning rate")
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            step += 1
+            dt = max(time.perf_counter() - t0, 1e-9)
+            report = StepReport(step, total, epoch, loss_sum, normalizer, normalizer / dt,
+                                time.perf_counter() - started, metrics)
+            reports.append(report)
+            if on_step is not None:
+                on_step(report)
+            time.sleep(cfg.yield_secs)
+    opt.zero_grad(set_to_none=True)
+    return reports

@@ -1,0 +1,262 @@
+"""The training queue: admission caps, one background worker thread, cancel, and job records.
+
+Jobs run one at a time, in submission order, in a daemon thread beside the serving actor. Queue
+caps answer 503 with Retry-After 30 (semantics.md §12.2). A running job is cancelled at its next step
+boundary; a queued one leaves the queue at once. Every state change is persisted atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from kiln.errors import KilnError
+from kiln.store.clock import utc_now_rfc3339
+from kiln.train.errors import job_not_found
+from kiln.train.executor import JobContext, execute
+from kiln.train.job_store import TrainJobStore
+from kiln.train.jobs import CANCELLED, COMPLETED, FAILED, QUEUED, RUNNING, TrainJob
+from kiln.train.loop import Cancelled
+from kiln.train.plan import TrainingPlan
+from kiln.train.webhook import deliver, webhook_payload
+
+log = logging.getLogger("kiln.train")
+
+RETRY_AFTER = {"Retry-After": "30"}
+SAVE_INTERVAL = 1.0
+RECENT_COMPLETED = 20
+
+
+class TrainingManager:
+    def __init__(self, store: TrainJobStore, context: Callable[[], JobContext], *, max_queued_jobs: int = 8,
+                 max_tracked_jobs: int = 256, webhook_url: str | None = None,
+                 send_webhook: Callable[[str, dict[str, Any]], dict[str, Any]] = deliver,
+                 run: Callable[..., None] = execute) -> None:
+        self.store = store
+        self.context = context
+        self.max_queued_jobs = max_queued_jobs
+        self.max_tracked_jobs = max_tracked_jobs
+        self.webhook_url = webhook_url
+        self.send_webhook = send_webhook
+        self.run = run
+        self._cond = threading.Condition()
+        self._jobs: dict[str, TrainJob] = {}
+        self._plans: dict[str, TrainingPlan] = {}
+        self._queue: deque[str] = deque()
+        self._running: str | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def load_archived(self) -> int:
+        jobs = self.store.load_all(keep=self.max_tracked_jobs)
+        with self._cond:
+            for job in jobs:
+                self._jobs[job.job_id] = job
+        return len(jobs)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._worker, name="kiln-train", daemon=True)
+            self._thread.start()
+
+    # -- admission -------------------------------------------------------------------------------
+    def check_capacity(self) -> None:
+        """503 before any expensive preparation when the queue or the tracking table is full."""
+        with self._cond:
+            self._admission_problem()
+
+    def _admission_problem(self) -> None:
+        if len(self._queue) >= self.max_queued_jobs:
+            raise KilnError(503, "training_queue_full",
+                            f"the training queue is full ({self.max_queued_jobs} jobs waiting)",
+                            hint="Retry later, or cancel a queued job (DELETE /v1/train/queue/{job_id}).",
+                            headers=RETRY_AFTER)
+        if len(self._jobs) >= self.max_tracked_jobs and not self._evict_finished():
+            raise KilnError(503, "training_tracked_full",
+                            f"the server tracks {self.max_tracked_jobs} unfinished training jobs already",
+                            hint="Retry when some have finished.", headers=RETRY_AFTER)
+
+    def _evict_finished(self) -> bool:
+        for job_id, job in self._jobs.items():  # oldest first (insertion order)
+            if job.terminal:
+                del self._jobs[job_id]
+                self.store.delete(job_id)
+                return True
+        return False
+
+    def _check_name_free(self, plan: TrainingPlan) -> None:
+        # Two unfinished jobs writing one adapter would race; the later one is refused up front.
+        for other in self._jobs.values():
+            if not other.terminal and other.adapter_name == plan.adapter_name:
+                raise KilnError(409, "adapter_already_exists",
+                                f"training job {other.job_id} is already producing adapter {plan.adapter_name!r}",
+                                param="config.output_name", hint="Pick another output_name or wait for that job.")
+
+    def submit(self, plan: TrainingPlan) -> TrainJob:
+        job = TrainJob(job_id=plan.job_id, job_type=plan.job_type, adapter_name=plan.adapter_name,
+                       config=plan.config, training_data={**plan.data.provenance(), **plan.stats},
+                       submitted_at=utc_now_rfc3339(), base_adapter=plan.lora.base_adapter,
+                       total_steps=plan.loop.total_steps(len(plan.work.items)), webhook_url=plan.webhook_url)
+        with self._cond:
+            if self._closed:
+                raise KilnError(503, "server_shutting_down", "the server is shutting down", headers=RETRY_AFTER)
+            self._admission_problem()
+            self._check_name_free(plan)
+            self._jobs[job.job_id] = job
+            self._plans[job.job_id] = plan
+            self._queue.append(job.job_id)
+            self.store.save(job)
+            self._ensure_worker()
+            self._cond.notify_all()
+        log.info("queued %s job %s -> adapter %s (%d items)", job.job_type, job.job_id, job.adapter_name,
+                 len(plan.work.items))
+        return job
+
+    # -- queries ---------------------------------------------------------------------------------
+    def get(self, job_id: str) -> TrainJob:
+        with self._cond:
+            job = self._jobs.get(job_id)
+        if job is None:
+            raise job_not_found(job_id)
+        return job
+
+    def list(self) -> list[TrainJob]:
+        with self._cond:
+            return list(self._jobs.values())
+
+    def queue_view(self) -> dict[str, Any]:
+        with self._cond:
+            running = self._jobs.get(self._running) if self._running else None
+            queued = [self._jobs[j] for j in self._queue]
+            done = [j for j in self._jobs.values() if j.terminal][-RECENT_COMPLETED:]
+        return {
+            "running": None if running is None else {
+                "job_id": running.job_id, "job_type": running.job_type, "adapter_name": running.adapter_name,
+                "progress": running.progress, "current_loss": running.current_loss},
+            "queued": [{"job_id": j.job_id, "job_type": j.job_type, "adapter_name": j.adapter_name, "position": i + 1}
+                       for i, j in enumerate(queued)],
+            "completed": [{"job_id": j.job_id, "job_type": j.job_type, "adapter_name": j.adapter_name,
+                           "state": j.state, "finished_at": j.finished_at} for j in reversed(done)],
+        }
+
+    def active_summary(self) -> dict[str, Any]:
+        """For health/metrics: the running job and the queue length."""
+        with self._cond:
+            running = self._jobs.get(self._running) if self._running else None
+            return {"active_job": None if running is None else {"job_id": running.job_id, "progress": running.progress},
+                    "queued": len(self._queue)}
+
+    # -- cancel / delete -------------------------------------------------------------------------
+    def cancel_queued(self, job_id: str) -> dict[str, Any]:
+        """DELETE /v1/train/queue/{id}: only a job still waiting."""
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise job_not_found(job_id)
+            if job.state == RUNNING:
+                raise KilnError(409, "training_job_already_started", f"training job {job_id} is already running",
+                                param="job_id", hint=f"DELETE /v1/train/jobs/{job_id} stops it at the next step.")
+            if job.state != QUEUED:
+                raise KilnError(409, "training_job_not_cancellable", f"training job {job_id} is {job.state}",
+                                param="job_id", hint="Only queued or running jobs can be cancelled.")
+            self._dequeue(job)
+        return {"status": "cancelled", "job_id": job_id}
+
+    def cancel_or_delete(self, job_id: str) -> dict[str, Any]:
+        """DELETE /v1/train/jobs/{id}: cancel a queued job, stop a running one at its next step
+        boundary (no adapter is saved), or forget a finished one (its record file is removed)."""
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise job_not_found(job_id)
+            if job.state == QUEUED:
+                self._dequeue(job)
+                return {"status": "cancelled", "job_id": job_id, "was_in_queue": True}
+            if job.state == RUNNING:
+                job.cancel_requested = True
+                self.store.save(job)
+                return {"status": "cancelling", "job_id": job_id,
+                        "note": "the job stops at its next step boundary; no adapter is saved"}
+            del self._jobs[job_id]
+        removed = self.store.delete(job_id)
+        return {"status": "deleted", "job_id": job_id, "removed_record_file": removed}
+
+    def _dequeue(self, job: TrainJob) -> None:
+        self._queue.remove(job.job_id)
+        self._plans.pop(job.job_id, None)
+        job.state, job.finished_at = CANCELLED, utc_now_rfc3339()
+        self.store.save(job)
+        self._notify_webhook(job)
+
+    # -- the worker ------------------------------------------------------------------------------
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job_id = self._queue.popleft()
+                job, plan = self._jobs[job_id], self._plans.pop(job_id)
+                self._running = job_id
+                job.state, job.started_at = RUNNING, utc_now_rfc3339()
+                self.store.save(job)
+            try:
+                self._run_one(job, plan)
+            finally:
+                with self._cond:
+                    self._running = None
+
+    def _run_one(self, job: TrainJob, plan: TrainingPlan) -> None:
+        t0 = time.perf_counter()
+        last_save = [0.0]
+
+        def on_update() -> None:
+            now = time.monotonic()
+            if now - last_save[0] >= SAVE_INTERVAL:
+                last_save[0] = now
+                self.store.save(job)
+
+        try:
+            self.run(job, plan, self.context(), on_update=on_update, should_stop=lambda: job.cancel_requested)
+            job.state = COMPLETED
+        except Cancelled:
+            job.state = CANCELLED
+            log.info("training job %s cancelled at step %d", job.job_id, job.step)
+        except KilnError as e:
+            job.state, job.error = FAILED, e.message
+            log.warning("training job %s failed: %s", job.job_id, e.message)
+        except Exception as e:  # noqa: BLE001 - a job failure is recorded, never kills the worker
+            job.state, job.error = FAILED, f"{type(e).__name__}: {e}"
+            log.exception("training job %s failed", job.job_id)
+        job.elapsed_secs = round(time.perf_counter() - t0, 3)
+        job.finished_at = utc_now_rfc3339()
+        self.store.save(job)
+        log.info("training job %s %s after %.1fs (adapter %s)", job.job_id, job.state, job.elapsed_secs,
+                 job.adapter_name)
+        self._notify_webhook(job)
+
+    def _notify_webhook(self, job: TrainJob) -> None:
+        url = job.webhook_url or self.webhook_url
+        if not url:
+            return
+        payload = webhook_payload(job)
+
+        def send() -> None:
+            job.webhook = self.send_webhook(url, payload)
+            with self._cond:
+                if self._jobs.get(job.job_id) is job:  # not forgotten meanwhile: do not resurrect its file
+                    self.store.save(job)
+
+        # Fire and forget: a slow receiver must not hold up the next job.
+        threading.Thread(target=send, name="kiln-train-webhook", daemon=True).start()

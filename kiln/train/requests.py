@@ -1,0 +1,105 @@
+"""Wire shapes of POST /v1/train/sft and /v1/train/grpo (semantics.md §12.1).
+
+Unknown keys are refused (a typo must not silently train with a default). Exactly one data source:
+inline rows, a named dataset (+ split, default "train"), or a server-local JSONL path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kiln.model.lora import MODULES
+from kiln.train.errors import invalid
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CommonConfig(_Strict):
+    output_name: str | None = None          # new adapter name; generated when absent
+    base_adapter: str | None = None         # continue from this adapter's factors
+    lora_rank: int = Field(16, ge=1, le=1024)
+    lora_alpha: float = Field(32.0, gt=0, allow_inf_nan=False)
+    target_modules: list[str] = Field(default_factory=lambda: list(MODULES))
+    epochs: int = Field(3, ge=1, le=10_000)
+    batch_size: int = Field(1, ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=4096)
+    max_seq_len: int = Field(2048, ge=8, le=1 << 20)
+    seed: int = Field(0, ge=0, lt=1 << 63)
+    max_grad_norm: float = Field(1.0, ge=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    auto_load: bool = True
+    overwrite: bool = False                 # replace an existing adapter named output_name
+    webhook_url: str | None = None          # overrides [training] webhook_url for this job
+
+    @field_validator("target_modules")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("must name at least one module")
+        bad = [m for m in v if m not in MODULES]
+        if bad:
+            raise ValueError(f"unknown module(s) {bad}; choose from {list(MODULES)}")
+        return list(dict.fromkeys(v))
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+class SftConfig(CommonConfig):
+    learning_rate: float = Field(1e-4, gt=0, allow_inf_nan=False)
+
+
+class GrpoConfig(CommonConfig):
+    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False)
+    epochs: int = Field(1, ge=1, le=10_000)
+    kl_coeff: float = Field(0.1, ge=0, allow_inf_nan=False)
+    clip_epsilon: float = Field(0.2, gt=0, lt=1)
+    # k3 by default: as a loss term k1's gradient is just grad(logp) on the given completions, which
+    # pushes every one of them down instead of pulling the policy back toward the base (see grpo.py).
+    kl_estimator: Literal["k1", "k3", "none"] = "k3"
+    updates_per_step: int = Field(1, ge=1, le=64)   # optimizer updates per batch (mu); >1 makes the clip bite
+
+
+class _Sourced(_Strict):
+    dataset: str | None = None
+    dataset_split: str | None = None
+    dataset_path: str | None = None
+    # The post-training eval gate (semantics.md §8.14) is not wired yet; refuse it rather than ignore it.
+    post_eval: Any = None
+
+    def check_post_eval(self) -> None:
+        if self.post_eval is not None:
+            raise invalid("post_eval is not supported by this server yet", param="post_eval",
+                          hint="Drop post_eval and run POST /v1/eval/run against the new adapter.")
+
+
+class SftRequest(_Sourced):
+    examples: list[Any] | None = None
+    config: SftConfig = Field(default_factory=SftConfig)
+
+    @property
+    def inline(self) -> list[Any] | None:
+        return self.examples
+
+
+class RewardScorer(_Strict):
+    scorer: dict[str, Any]
+    target: str | None = None
+
+
+class GrpoRequest(_Sourced):
+    groups: list[Any] | None = None
+    reward_scorer: RewardScorer | None = None
+    config: GrpoConfig = Field(default_factory=GrpoConfig)
+
+    @property
+    def inline(self) -> list[Any] | None:
+        return self.groups

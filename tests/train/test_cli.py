@@ -1,0 +1,40 @@
+"""`kiln train` builds request bodies from its arguments and files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.cli import build_parser
+from kiln.commands.client import ServerError
+from kiln.commands.train import build_body
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(["train", *argv])
+
+
+def test_a_local_file_is_sent_inline_with_the_flags_as_config(tmp_path):
+    path = tmp_path / "d.jsonl"
+    row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    path.write_text(json.dumps(row) + "\n\n")
+    body = build_body(parse("sft", str(path), "-o", "x", "--lr", "0.001", "--epochs", "2", "--no-auto-load",
+                            "--target-modules", "q_proj,v_proj"), "examples")
+    assert body == {"examples": [row], "config": {"output_name": "x", "learning_rate": 0.001, "epochs": 2,
+                                                  "auto_load": False, "target_modules": ["q_proj", "v_proj"]}}
+
+
+def test_a_dataset_source_and_grpo_options(tmp_path):
+    body = build_body(parse("grpo", "--dataset", "g", "--split", "validation", "--kl-coeff", "0.05",
+                            "--reward-scorer", '{"kind": "exact_match"}', "--target", "4"), "groups")
+    assert body["dataset"] == "g" and body["dataset_split"] == "validation"
+    assert body["config"] == {"kl_coeff": 0.05}
+    assert body["reward_scorer"] == {"scorer": {"kind": "exact_match"}, "target": "4"}
+
+
+def test_exactly_one_source_is_required(tmp_path):
+    with pytest.raises(ServerError, match="exactly one"):
+        build_body(parse("sft"), "examples")
+    with pytest.raises(ServerError, match="exactly one"):
+        build_body(parse("sft", "--dataset", "a", "--server-path", "/x.jsonl"), "examples")

@@ -1,0 +1,50 @@
+"""The training forward is `forward_dense`: same hidden states and log-probs, less memory."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.train.batch import collate, per_target, target_logprobs
+from kiln.train.forward import final_hidden
+from kiln.train.masks import MaskedSequence
+from kiln.train.trainable_lora import TrainableLora
+
+
+def lora_with_weights(model) -> TrainableLora:
+    lora = TrainableLora(model.config, 4, 8, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for b in lora.b.values():
+            b.normal_(0, 0.3, generator=gen)
+    return lora
+
+
+def test_final_hidden_gives_forward_dense_logits_with_and_without_padding(tiny_model):
+    lora = lora_with_weights(tiny_model)
+    ids = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    for attention in (None, mask):
+        want = tiny_model.forward_dense(ids, attention, lora=lora)
+        got = tiny_model.compute_logits(final_hidden(tiny_model, ids, attention, lora))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_checkpointed_layers_give_the_same_gradients(tiny_model):
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    grads = []
+    for checkpointed in (True, False):
+        lora = lora_with_weights(tiny_model)
+        final_hidden(tiny_model, ids, None, lora, checkpoint_layers=checkpointed).square().sum().backward()
+        grads.append([p.grad.clone() for p in lora.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_target_logprobs_are_the_trained_positions_of_the_full_log_softmax(tiny_model):
+    seqs = [MaskedSequence([5, 6, 7, 8], [False, False, True, True]), MaskedSequence([9, 10, 11], [False, True, False])]
+    batch = collate(seqs)
+    got = target_logprobs(tiny_model, batch, None)
+    full = torch.log_softmax(tiny_model.forward_dense(batch.input_ids, batch.attention), -1)
+    want = torch.stack([full[0, 1, 7], full[0, 2, 8], full[1, 0, 10]])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert per_target(batch, torch.tensor([1.0, 2.0])).tolist() == [1.0, 1.0, 2.0]
