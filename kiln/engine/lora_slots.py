@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from kiln.model.lora import LoraBank
@@ -70,7 +71,9 @@ class LoraSlots:
         bank = self.bank
         if bank is None:
             p = next(self.model.parameters())
-            bank = LoraBank(self.model.config, self.initial_slots, max(rank, self.initial_rank), p.dtype, p.device)
+            # CPU bf16 bmm at these tiny shapes is ~100x slower than fp32: keep CPU factors in fp32
+            dtype = torch.float32 if p.device.type == "cpu" else p.dtype
+            bank = LoraBank(self.model.config, self.initial_slots, max(rank, self.initial_rank), dtype, p.device)
             self.model.lora_bank = bank
         elif rank > bank.rank:
             bank = self.model.lora_bank = bank.grown(bank.num_slots, rank)
