@@ -142,6 +142,10 @@ class LLMEngine:
     def start(self) -> None:
         self._thread.start()
 
+    def join(self) -> None:
+        """Block until the actor thread ends (after `shutdown`)."""
+        self._thread.join()
+
     def shutdown(self) -> None:
         self._stop.set()
         self._inbox.put(None)

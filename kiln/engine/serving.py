@@ -225,7 +225,8 @@ class ServingEngine:
         return self.tokenizer.encode("</think>", add_special_tokens=False)
 
 
-def build_serving_engine(settings: Settings) -> ServingEngine:
+def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEngine:
+    """Load everything; `start=False` leaves the actor for the caller to run (`run_in_current_thread`)."""
     t0 = time.perf_counter()
     path = Path(settings.model.path) if settings.model.path else default_model_path()
     device = resolve_device(settings.model.device)
@@ -264,7 +265,8 @@ def build_serving_engine(settings: Settings) -> ServingEngine:
         generation_defaults=_generation_defaults(path),
     )
     identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
-    actor.start()
+    if start:
+        actor.start()
     log.info("loaded %s from %s (%s, %s on %s) in %.1fs; KV pool %d blocks x %d tokens, context %d; weights %s",
              info.describe(), path, weights.format, info.dtype, device, time.perf_counter() - t0,
              num_blocks, block_size, max_len, identity.base_model_sha256)
