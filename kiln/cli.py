@@ -12,6 +12,13 @@ from kiln import __version__
 # `func(args) -> int` is the exit status.
 COMMAND_MODULES = [
     "kiln.commands.serve",
+    "kiln.commands.chat",
+    "kiln.commands.datasets",
+    "kiln.commands.judgments",
+    "kiln.commands.adapters",
+    "kiln.commands.bench",
+    "kiln.commands.eval",
+    "kiln.commands.train",
 ]
 
 

@@ -1,0 +1,146 @@
+"""The measurement families `kiln bench` runs, as a list later work can extend.
+
+A measurement is a function `(ctx, engine) -> None` that drives one engine and records rows into
+`ctx.result`. `MEASUREMENTS` is the hook: append a `Measurement` (e.g. "8 streams over 4 adapters vs
+8 base streams", restricted to `engines={KILN}`) and `kiln bench --only NAME` picks it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kiln.bench.engines import BenchEngine
+from kiln.bench.options import BenchOptions
+from kiln.bench.prompts import BenchPrompt, PromptFactory
+from kiln.bench.results import BenchResult, MetricSpec
+from kiln.bench.stats import median
+from kiln.errors import KilnError
+
+
+@dataclass
+class BenchContext:
+    options: BenchOptions
+    result: BenchResult
+    prompts: PromptFactory
+    log: Callable[[str], None] = print
+    _cache: dict[tuple[int, int], BenchPrompt] = field(default_factory=dict)
+
+    def prompt(self, n_tokens: int, seed: int) -> BenchPrompt:
+        """The same (length, seed) gives every engine the same prompt; distinct seeds never share a prefix."""
+        key = (n_tokens, seed)
+        if key not in self._cache:
+            self._cache[key] = self.prompts.chat(n_tokens, seed)
+        return self._cache[key]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    description: str
+    run: Callable[[BenchContext, BenchEngine], None]
+    engines: frozenset[str] | None = None    # None: every engine
+
+    def applies_to(self, engine: BenchEngine) -> bool:
+        return self.engines is None or engine.name in self.engines
+
+
+# -- single stream ---------------------------------------------------------------------------------
+
+def decode_spec(n: int) -> MetricSpec:
+    return MetricSpec(f"single.decode_tps@{n}", "single stream", f"decode tok/s after ~{n}-token prompt",
+                      "tok/s", True)
+
+
+def prefill_spec(n: int) -> MetricSpec:
+    return MetricSpec(f"single.prefill_tps@{n}", "single stream", f"prefill tok/s, ~{n}-token prompt",
+                      "tok/s", True, 0)
+
+
+def ttft_spec(n: int) -> MetricSpec:
+    return MetricSpec(f"single.ttft_ms@{n}", "single stream", f"TTFT, ~{n}-token prompt", "ms", False, 0)
+
+
+def measure_single(ctx: BenchContext, engine: BenchEngine) -> None:
+    opts = ctx.options
+    for n in opts.single_prompt_tokens:
+        runs = [engine.single(ctx.prompt(n, 10_000 + n * 100 + r), opts.max_tokens)
+                for r in range(opts.single_repeats)]
+        ctx.result.record(decode_spec(n), engine.name, median([r.decode_tps for r in runs if r.decode_tps]))
+        ctx.result.record(prefill_spec(n), engine.name, median([r.prefill_tps for r in runs if r.prefill_tps]))
+        ctx.result.record(ttft_spec(n), engine.name, median([r.ttft_s * 1000 for r in runs]))
+        ctx.result.options[f"~{n}-token prompt (actual)"] = f"{runs[0].prompt_tokens} tokens"
+        short = [r.completion_tokens for r in runs if r.completion_tokens < opts.max_tokens]
+        if short:
+            ctx.result.note(f"{engine.name}: a single-stream run stopped after {min(short)} of {opts.max_tokens} "
+                            "tokens (EOS was not ignored)")
+
+
+# -- concurrent streams ----------------------------------------------------------------------------
+
+def _streams(n: int) -> str:
+    return f"{n} stream" if n == 1 else f"{n} streams"
+
+
+def aggregate_spec(n: int) -> MetricSpec:
+    return MetricSpec(f"concurrent.agg_tps@{n}", "concurrent streams", f"aggregate tok/s, {_streams(n)}",
+                      "tok/s", True)
+
+
+def latency_spec(n: int, q: int) -> MetricSpec:
+    return MetricSpec(f"concurrent.p{q}_latency_s@{n}", "concurrent streams", f"p{q} request latency, {_streams(n)}",
+                      "s", False, 2)
+
+
+def measure_concurrent(ctx: BenchContext, engine: BenchEngine) -> None:
+    opts = ctx.options
+    for n in opts.concurrency_levels:
+        prompts = [ctx.prompt(opts.concurrent_prompt_tokens, 20_000 + n * 1000 + i)
+                   for i in range(n * opts.requests_per_stream)]
+        run = engine.load(prompts, n, opts.max_tokens)
+        ctx.result.record(aggregate_spec(n), engine.name, run.aggregate_tps)
+        ctx.result.record(latency_spec(n, 50), engine.name, run.latency_percentile(50))
+        ctx.result.record(latency_spec(n, 99), engine.name, run.latency_percentile(99))
+
+
+# -- inter-token latency while a long prompt arrives -----------------------------------------------
+
+ITL_P50 = MetricSpec("itl.p50_ms", "long prompt arrival", "ITL p50 of the decoding streams", "ms", False)
+ITL_P99 = MetricSpec("itl.p99_ms", "long prompt arrival", "ITL p99 of the decoding streams", "ms", False)
+ITL_SPREAD = MetricSpec("itl.p99_over_p50", "long prompt arrival", "ITL p99 / p50", "x", False, 2)
+ITL_LONG_TTFT = MetricSpec("itl.long_ttft_ms", "long prompt arrival", "TTFT of the long prompt", "ms", False, 0)
+
+
+def measure_itl(ctx: BenchContext, engine: BenchEngine) -> None:
+    opts = ctx.options
+    streams = [ctx.prompt(opts.concurrent_prompt_tokens, 30_000 + i) for i in range(opts.itl_streams)]
+    long_prompt = ctx.prompt(opts.itl_long_prompt_tokens, 39_999)
+    run = engine.itl(streams, long_prompt, opts.itl_max_tokens, opts.itl_trigger_tokens)
+    if run is None:
+        return
+    p50, p99 = run.gap_percentile(50), run.gap_percentile(99)
+    ctx.result.record(ITL_P50, engine.name, None if p50 is None else p50 * 1000)
+    ctx.result.record(ITL_P99, engine.name, None if p99 is None else p99 * 1000)
+    ctx.result.record(ITL_SPREAD, engine.name, p99 / p50 if p50 and p99 is not None else None)
+    ctx.result.record(ITL_LONG_TTFT, engine.name, None if run.long_ttft_s is None else run.long_ttft_s * 1000)
+    ctx.result.options["long prompt (actual)"] = f"{run.long_prompt_tokens} tokens"
+    if run.triggered_after_tokens < opts.itl_trigger_tokens:
+        ctx.result.note(f"{engine.name}: the long prompt was sent when the slowest stream had "
+                        f"{run.triggered_after_tokens} tokens (a stream finished first: requests ran one at a time)")
+
+
+MEASUREMENTS: list[Measurement] = [
+    Measurement("single", "single-stream decode, prefill and TTFT", measure_single),
+    Measurement("concurrent", "aggregate throughput and latency over concurrent streams", measure_concurrent),
+    Measurement("itl", "inter-token latency while a long prompt arrives", measure_itl),
+]
+
+
+def select_measurements(only: tuple[str, ...] | list[str]) -> list[Measurement]:
+    """The measurements named in `only` (all when empty), in registry order."""
+    known = [m.name for m in MEASUREMENTS]
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise KilnError(400, "invalid_bench_measurement", f"unknown measurement(s): {', '.join(unknown)}",
+                        param="only", hint=f"Choose from: {', '.join(known)} (comma-separated).")
+    return [m for m in MEASUREMENTS if not only or m.name in only]

@@ -1,0 +1,61 @@
+"""What one `kiln bench` run measures: workload sizes for the full and the `--quick` runs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+def default_threads() -> int:
+    """Every core this process may use: the same for Kiln, llama.cpp and transformers."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    model_path: str
+    quick: bool = False
+    skip_reference: bool = False
+    only: tuple[str, ...] = ()          # measurement names; empty = all
+    out: Path = Path("benchmarks/RESULTS.md")
+    threads: int = field(default_factory=default_threads)
+    kiln_url: str | None = None          # measure this running server instead of starting one
+    max_tokens: int = 128                # generated tokens per request (ignore_eos)
+    single_prompt_tokens: tuple[int, ...] = (100, 500)
+    single_repeats: int = 3              # the median of these is reported
+    concurrency_levels: tuple[int, ...] = (1, 8, 16)
+    requests_per_stream: int = 1         # each stream sends this many requests back to back
+    concurrent_prompt_tokens: int = 100
+    itl_streams: int = 8
+    itl_max_tokens: int = 128
+    itl_long_prompt_tokens: int = 2000
+    itl_trigger_tokens: int = 16         # tokens each stream has produced when the long prompt is sent
+    warmup_prompt_tokens: int = 64
+
+    @classmethod
+    def preset(cls, model_path: str, *, quick: bool = False, **overrides: object) -> BenchOptions:
+        base = cls(model_path=model_path, quick=quick)
+        if quick:
+            base = replace(base, max_tokens=32, single_repeats=1, concurrency_levels=(8,),
+                           itl_max_tokens=32, itl_trigger_tokens=8,
+                           itl_long_prompt_tokens=1000)
+        return replace(base, **overrides)  # type: ignore[arg-type]
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "model": self.model_path,
+            "mode": "quick" if self.quick else "full",
+            "generated tokens per request": f"{self.max_tokens} (temperature 0, ignore_eos)",
+            "single-stream prompts (target tokens)": ", ".join(map(str, self.single_prompt_tokens)),
+            "single-stream repeats (median reported)": str(self.single_repeats),
+            "concurrent streams": ", ".join(map(str, self.concurrency_levels))
+            + f" × {self.requests_per_stream} request(s) each, ~{self.concurrent_prompt_tokens}-token prompts",
+            "ITL case": f"{self.itl_streams} streams × {self.itl_max_tokens} tokens; a ~{self.itl_long_prompt_tokens}"
+            f"-token prompt arrives after {self.itl_trigger_tokens} tokens each",
+            "threads": str(self.threads),
+            "Kiln server": self.kiln_url or "started by kiln bench",
+        }

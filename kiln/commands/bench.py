@@ -1,0 +1,80 @@
+"""`kiln bench`: measure Kiln against llama.cpp and transformers on the same weights."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark Kiln's server against reference engines and write benchmarks/RESULTS.md",
+        description="Single-stream decode/prefill/TTFT, aggregate throughput over concurrent streams, and "
+        "inter-token latency while a long prompt arrives; Kiln through its HTTP server, transformers and "
+        "(when installed) llama.cpp on the same weights.",
+    )
+    p.add_argument("--model", help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--quick", action="store_true", help="fewer tokens and requests (about two minutes)")
+    p.add_argument("--skip-reference", action="store_true", help="measure Kiln only")
+    p.add_argument("--out", default="benchmarks/RESULTS.md", help="report file (default: %(default)s)")
+    p.add_argument("--only", default="", help="comma-separated measurements: single,concurrent,itl (default: all)")
+    p.add_argument("--kiln-url", help="measure this running Kiln server (e.g. http://127.0.0.1:8420) instead of "
+                   "starting one; --model must name the model it serves (for the tokenizer and the references)")
+    p.add_argument("--threads", type=int, help="CPU threads for every engine (default: all available cores)")
+    p.set_defaults(func=_run)
+
+
+def _options(args):
+    from kiln.bench.options import BenchOptions
+
+    model = args.model
+    if model is None:
+        from kiln.model.loader import default_model_path
+
+        model = str(default_model_path())
+    overrides: dict[str, object] = {
+        "skip_reference": args.skip_reference, "out": Path(args.out),
+        "only": tuple(name.strip() for name in args.only.split(",") if name.strip()),
+        "kiln_url": args.kiln_url.rstrip("/") if args.kiln_url else None,
+    }
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise KilnError(400, "invalid_threads", "--threads must be positive", param="threads",
+                            hint="Omit it to use every available core.")
+        overrides["threads"] = args.threads
+    return BenchOptions.preset(model, quick=args.quick, **overrides)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(args) -> int:
+    from rich.console import Console
+
+    from kiln.bench.report import print_report, write_results
+    from kiln.bench.runner import run_bench
+
+    console = Console()
+    if not console.is_terminal:   # a log file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped on the way out.
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        options = _options(args)
+        result = run_bench(options, log=lambda msg: console.print(f"[dim]{msg}[/]"),
+                           checkpoint=lambda partial: write_results(partial, options.out))
+    except KilnError as e:
+        print(f"kiln bench: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print_report(result, console)
+    console.print(f"wrote {options.out}")
+    return 1 if result.failures else 0

@@ -1,0 +1,45 @@
+"""The harness end to end against a real `kiln serve` on a tiny generated model (small sizes)."""
+
+from pathlib import Path
+
+import pytest
+
+from kiln.bench.options import BenchOptions
+from kiln.bench.report import render_markdown
+from kiln.bench.runner import run_bench
+from kiln.testing.tiny import make_tiny_model
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory):
+    model = make_tiny_model(tmp_path_factory.mktemp("bench-e2e") / "tiny", arch="llama")
+    options = BenchOptions.preset(
+        str(model), skip_reference=True, out=Path("unused.md"), threads=1, max_tokens=6,
+        single_prompt_tokens=(40,), single_repeats=1, concurrency_levels=(2,), requests_per_stream=1,
+        concurrent_prompt_tokens=30, itl_streams=2, itl_max_tokens=12, itl_long_prompt_tokens=200,
+        itl_trigger_tokens=3, warmup_prompt_tokens=20)
+    return run_bench(options, log=lambda _msg: None)
+
+
+def test_every_measurement_produces_kiln_figures_through_the_server(tiny_result):
+    assert tiny_result.failures == []
+    for key in ("single.decode_tps@40", "single.prefill_tps@40", "single.ttft_ms@40", "concurrent.agg_tps@2",
+                "concurrent.p99_latency_s@2", "itl.p50_ms", "itl.p99_ms", "itl.long_ttft_ms"):
+        assert tiny_result.value(key, "kiln") > 0, key
+
+
+def actual_tokens(result, key: str) -> int:
+    return int(result.options[key].split()[0])
+
+
+def test_prompt_lengths_are_the_servers_own_counts_near_the_target(tiny_result):
+    # The server may add a few template tokens the harness does not render (e.g. an empty think block).
+    assert 40 <= actual_tokens(tiny_result, "~40-token prompt (actual)") <= 48
+    assert 200 <= actual_tokens(tiny_result, "long prompt (actual)") <= 208
+
+
+def test_the_report_renders_from_a_real_run(tiny_result):
+    md = render_markdown(tiny_result)
+    assert "| **single stream** | decode tok/s after ~40-token prompt | tok/s |" in md
