@@ -198,6 +198,7 @@ class PolicyIdentity:
     identity: ServingIdentity
     inference_config_sha256: str
     backend: str
+    adapter: tuple[str, str] | None = None  # (name, content sha256) when a saved adapter generated
 
 
 def rollout_provenance(
@@ -241,6 +242,8 @@ def rollout_provenance(
         "behavior_policy": {
             "served_model_id": policy.served_model_id,
             "base_model_sha256": policy.identity.base_model_sha256,
+            **({"adapter": {"name": policy.adapter[0], "content_sha256": policy.adapter[1]}}
+               if policy.adapter else {}),
             "inference_config_sha256": policy.inference_config_sha256,
             "implementation": IMPLEMENTATION,
         },

@@ -121,3 +121,12 @@ def test_models_lists_adapters_with_the_base_as_parent(lora_server):
     by_id = {m["id"]: m for m in data}
     assert by_id["style-x"]["parent"] == "tiny"
     assert "parent" not in by_id["tiny"]
+
+
+def test_rollout_provenance_records_the_adapter_identity(lora_server):
+    body = chat(lora_server, adapter="style-y", rollout_provenance=True, seed=3)
+    policy = body["choices"][0]["rollout_provenance"]["behavior_policy"]
+    listed = {a["name"]: a for a in httpx.get(lora_server.url + "/v1/adapters").json()["available"]}
+    assert policy["adapter"]["name"] == "style-y"
+    assert policy["adapter"]["content_sha256"].startswith("sha256:")
+    assert policy["adapter"]["content_sha256"] in str(listed["style-y"])

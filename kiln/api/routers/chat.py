@@ -6,6 +6,7 @@ context clamp, and turning a choice's raw text into content / reasoning / tool c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -229,6 +230,13 @@ def prepare_chat(engine: ServingEngine, req: ChatCompletionRequest, settings: Se
                                    stops=req.stop_list(keep_empty=True), close_ids=close_ids,
                                    close_decoded=engine.tokenizer.decode(close_ids))
     policy = _check_rollout(engine, req, params, kwargs) if req.rollout_provenance else None
+    if policy is not None and target is not None:
+        if len(target.key) != 1:
+            raise KilnError(400, "chat_invalid_request", PREFIX + "rollout_provenance records one saved adapter; "
+                            "a composition has no single adapter identity", param="adapters",
+                            hint="Use one adapter, or drop rollout_provenance.")
+        name, _, sha = target.key[0]
+        policy = dataclasses.replace(policy, adapter=(name, sha))
     return PreparedChat(
         req, rendered.prompt_ids, engine.choice_params(params, req.n or 1), rendered.thinking_enabled,
         thinking_source(req.chat_template_kwargs, default_thinking_enabled=settings.default_thinking_enabled),
