@@ -73,6 +73,9 @@ def _run(args) -> int:
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"kiln bench: interrupted; {args.out} holds the engines measured so far", file=sys.stderr)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     print_report(result, console)
