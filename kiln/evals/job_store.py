@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from kiln.errors import KilnError
 from kiln.evals.jobs import EvalJob
 from kiln.evals.replay import replay_verdict
-from kiln.store.atomic import atomic_write_json, fsync_dir
 from kiln.store.clock import utc_now_rfc3339
+from kiln.store.records import JsonRecordDir
 
 log = logging.getLogger("kiln.evals")
 
@@ -27,27 +26,17 @@ def job_root(data_dir: str | Path) -> Path:
     return Path(data_dir) / "eval" / "jobs"
 
 
-class EvalJobStore:
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+def _not_found(job_id: str) -> KilnError:
+    return KilnError(404, "eval_job_not_found", f"Eval job {job_id!r} not found", param="job_id",
+                     hint="List jobs with GET /v1/eval/jobs.")
 
-    def path_for(self, job_id: str) -> Path:
-        # Job ids are generated ("eval-<hex>"), but a DELETE names one: never leave the directory.
-        if not job_id or "/" in job_id or "\\" in job_id or job_id.startswith("."):
-            raise KilnError(404, "eval_job_not_found", f"Eval job {job_id!r} not found", param="job_id",
-                            hint="List jobs with GET /v1/eval/jobs.")
-        return self.root / f"{job_id}.json"
+
+class EvalJobStore(JsonRecordDir):
+    def __init__(self, root: str | Path) -> None:
+        super().__init__(root, _not_found)
 
     def save(self, job: EvalJob) -> None:
-        atomic_write_json(self.path_for(job.job_id), job.to_archive())
-
-    def delete(self, job_id: str) -> bool:
-        try:
-            os.unlink(self.path_for(job_id))
-        except FileNotFoundError:
-            return False
-        fsync_dir(self.root)
-        return True
+        self.write(job.job_id, job.to_archive())
 
     def load_all(self, *, keep: int | None = None) -> list[EvalJob]:
         """Every readable archive, oldest first; an interrupted job comes back failed.

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
-from kiln.store.atomic import atomic_write_json, fsync_dir
 from kiln.store.clock import utc_now_rfc3339
+from kiln.store.records import JsonRecordDir
 from kiln.train.errors import job_not_found
 from kiln.train.jobs import FAILED, TrainJob
 
@@ -25,27 +24,12 @@ def job_root(data_dir: str | Path) -> Path:
     return Path(data_dir) / "train" / "jobs"
 
 
-class TrainJobStore:
+class TrainJobStore(JsonRecordDir):
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-
-    def path_for(self, job_id: str) -> Path:
-        # Ids are generated, but a route names one: never leave the directory.
-        if not job_id or "/" in job_id or "\\" in job_id or job_id.startswith("."):
-            raise job_not_found(job_id)
-        return self.root / f"{job_id}.json"
+        super().__init__(root, job_not_found)
 
     def save(self, job: TrainJob) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.path_for(job.job_id), job.to_archive())
-
-    def delete(self, job_id: str) -> bool:
-        try:
-            os.unlink(self.path_for(job_id))
-        except FileNotFoundError:
-            return False
-        fsync_dir(self.root)
-        return True
+        self.write(job.job_id, job.to_archive())
 
     def load_all(self, *, keep: int | None = None) -> list[TrainJob]:
         """Every readable record, oldest first (by submission); interrupted jobs come back failed.
