@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -63,10 +64,12 @@ async def read_json_body(request: Request, *, code: str = "invalid_request", pre
     if not raw.strip():
         raise KilnError(400, code, f"{prefix}request body is empty; expected a JSON object")
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        body = json.loads(raw, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise KilnError(400, code, f"{prefix}request body is not valid JSON: {e}",
                         hint="Send a JSON object with Content-Type: application/json.") from None
+    reject_non_finite(body, code=code, prefix=prefix)
+    return body
 
 
 def _reject_constant(name: str) -> Any:
@@ -92,3 +95,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(KilnError(500, "internal_error", f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def reject_non_finite(value: Any, *, code: str, prefix: str, path: str = "") -> None:
+    """A JSON number too large for a double (1e999) parses as infinity; no field may carry one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise KilnError(400, code, f"{prefix}{path or 'body'}: numbers must be finite", param=path or None,
+                        hint="Send finite JSON numbers.")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            reject_non_finite(v, code=code, prefix=prefix, path=f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            reject_non_finite(v, code=code, prefix=prefix, path=f"{path}[{i}]")

@@ -31,7 +31,7 @@ from kiln.api.routers.chat import (
 from kiln.api.routers.metrics import KilnMetrics, metrics_for, status_of
 from kiln.api.state import get_state
 from kiln.api.wire.batch import PREFIX, BatchCompletionRequest
-from kiln.api.wire.common import check_adapter_selection, reject_non_finite
+from kiln.api.wire.common import check_adapter_selection
 from kiln.config import ServerSettings
 from kiln.core.budget_controller import ThinkingBudgetController
 from kiln.core.reasoning import fold_reasoning
@@ -77,7 +77,6 @@ async def batch_completions(request: Request) -> JSONResponse:
     status = "error"
     try:
         body = await read_json_body(request, code=CODE, prefix=PREFIX)
-        reject_non_finite(body, code=CODE, prefix=PREFIX)
         req = parse_model(BatchCompletionRequest, body, code=CODE, prefix=PREFIX)
         engine = require_engine(request)
         adapter, adapters, both = req.adapter_fields()

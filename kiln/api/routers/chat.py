@@ -23,7 +23,7 @@ from kiln.api.errors import parse_model, read_json_body
 from kiln.api.routers.metrics import KilnMetrics, metrics_for, status_of
 from kiln.api.state import ServerState, get_state
 from kiln.api.wire.chat import PREFIX, ChatCompletionRequest
-from kiln.api.wire.common import GenerationFields, check_adapter_selection, reject_non_finite
+from kiln.api.wire.common import GenerationFields, check_adapter_selection
 from kiln.config import ServerSettings
 from kiln.core.budget_controller import ThinkingBudgetController
 from kiln.core.chat_metadata import chat_metadata
@@ -301,7 +301,6 @@ async def chat_completions(request: Request):
     metrics = metrics_for(state)
     try:
         body = await read_json_body(request, code="chat_invalid_request", prefix=PREFIX)
-        reject_non_finite(body, code="chat_invalid_request", prefix=PREFIX)
         req = parse_model(ChatCompletionRequest, body, code="chat_invalid_request", prefix=PREFIX)
         engine = require_engine(request)
         prep = prepare_chat(engine, req, state.settings.server, started=started)

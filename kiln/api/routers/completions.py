@@ -20,7 +20,6 @@ from kiln.api.errors import parse_model, read_json_body
 from kiln.api.routers.chat import require_engine, usage
 from kiln.api.routers.metrics import metrics_for, status_of
 from kiln.api.state import ServerState, get_state
-from kiln.api.wire.common import reject_non_finite
 from kiln.api.wire.completions import PREFIX, TextCompletionRequest
 from kiln.engine.scoring import prompt_logprob_entries
 from kiln.engine.serving import ServingEngine
@@ -84,7 +83,6 @@ async def completions(request: Request) -> JSONResponse:
     status = "error"
     try:
         body = await read_json_body(request, code=CODE, prefix=PREFIX)
-        reject_non_finite(body, code=CODE, prefix=PREFIX)
         req = parse_model(TextCompletionRequest, body, code=CODE, prefix=PREFIX)
         engine = require_engine(request)
         check_request(engine, state, req)

@@ -3,7 +3,6 @@ the sampling and thinking-budget fields, and the adapter-selection rules."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -131,16 +130,3 @@ def check_adapter_selection(adapter: str | None, adapters: list[AdapterRef] | No
         validate_name(adapter, kind="adapter", param="adapter", code="invalid_adapter_name")
         return adapter
     return None
-
-
-def reject_non_finite(value: Any, *, code: str, prefix: str, path: str = "") -> None:
-    """A JSON number too large for a double (1e999) parses as infinity; no field may carry one."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise KilnError(400, code, f"{prefix}{path or 'body'}: numbers must be finite", param=path or None,
-                        hint="Send finite JSON numbers.")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            reject_non_finite(v, code=code, prefix=prefix, path=f"{path}.{k}" if path else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            reject_non_finite(v, code=code, prefix=prefix, path=f"{path}[{i}]")
