@@ -77,7 +77,7 @@ def chat_body(endpoint: Endpoint, prompt: BenchPrompt, max_tokens: int) -> dict[
     }
     if endpoint.model:
         body["model"] = endpoint.model
-    return {**body, **endpoint.extra_body}
+    return {**body, **endpoint.extra_body, **prompt.extra}
 
 
 def _has_output(chunk: dict[str, Any]) -> bool:
@@ -123,13 +123,13 @@ async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, prompt: Ben
     return record
 
 
-def _client(endpoint: Endpoint, connections: int) -> httpx.AsyncClient:
+def async_client(endpoint: Endpoint, connections: int) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=connections + 2, max_keepalive_connections=connections + 2)
     return httpx.AsyncClient(timeout=httpx.Timeout(endpoint.timeout_s, connect=30.0), limits=limits)
 
 
 async def single_stream(endpoint: Endpoint, prompt: BenchPrompt, max_tokens: int) -> StreamRecord:
-    async with _client(endpoint, 1) as client:
+    async with async_client(endpoint, 1) as client:
         return await stream_chat(client, endpoint, prompt, max_tokens)
 
 
@@ -162,7 +162,7 @@ async def concurrent_streams(endpoint: Endpoint, prompts: Sequence[BenchPrompt],
             prompt = queue.get_nowait()
             records.append(await stream_chat(client, endpoint, prompt, max_tokens))
 
-    async with _client(endpoint, concurrency) as client:
+    async with async_client(endpoint, concurrency) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         wall = time.perf_counter() - t0
@@ -207,7 +207,7 @@ async def streams_with_long_arrival(endpoint: Endpoint, stream_prompts: Sequence
         at = min(produced)
         return await stream_chat(client, endpoint, long_prompt, long_max_tokens), at
 
-    async with _client(endpoint, len(stream_prompts) + 1) as client:
+    async with async_client(endpoint, len(stream_prompts) + 1) as client:
         results = await asyncio.gather(*(stream(client, i) for i in range(len(stream_prompts))),
                                        long_request(client))
     streams: list[StreamRecord] = list(results[:-1])  # type: ignore[arg-type]

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiln.bench.engines import BenchEngine
+from kiln.bench import adapter_load, training_load
+from kiln.bench.client_load import Endpoint
+from kiln.bench.engines import BenchEngine, KilnServerEngine, Unsupported
 from kiln.bench.options import BenchOptions
 from kiln.bench.prompts import BenchPrompt, PromptFactory
-from kiln.bench.results import BenchResult, MetricSpec
+from kiln.bench.results import KILN, BenchResult, MetricSpec
 from kiln.bench.stats import median
 from kiln.errors import KilnError
 
@@ -129,10 +131,86 @@ def measure_itl(ctx: BenchContext, engine: BenchEngine) -> None:
                         f"{run.triggered_after_tokens} tokens (a stream finished first: requests ran one at a time)")
 
 
+# -- Kiln only: adapters and live training -------------------------------------------------------
+
+def _kiln_server(engine: BenchEngine) -> KilnServerEngine:
+    if not isinstance(engine, KilnServerEngine):
+        raise Unsupported("needs Kiln's HTTP server")
+    return engine
+
+
+ADAPTER_BASE = MetricSpec("adapters.base_agg_tps", "multi-adapter", "aggregate tok/s, base-model streams",
+                          "tok/s", True)
+ADAPTER_MIXED = MetricSpec("adapters.mixed_agg_tps", "multi-adapter", "aggregate tok/s, streams spread over adapters",
+                           "tok/s", True)
+ADAPTER_RATIO = MetricSpec("adapters.mixed_over_base", "multi-adapter", "adapter streams / base streams",
+                           "x", True, 2)
+
+
+def measure_adapters(ctx: BenchContext, engine: BenchEngine) -> None:
+    opts, server = ctx.options, _kiln_server(engine)
+    names = adapter_load.upload_adapters(server.endpoint, opts.model_path, opts.adapter_count, opts.adapter_rank)
+    prompts = [ctx.prompt(opts.concurrent_prompt_tokens, 50_000 + i) for i in range(opts.adapter_streams)]
+    base = adapter_load.spread_over(prompts, [None])
+    mixed = adapter_load.spread_over(prompts, list(names))
+    engine.load(mixed[:1], 1, 4)    # the first use of an adapter loads it into the bank: not measured
+    base_tps: list[float] = []
+    mixed_tps: list[float] = []
+    for _ in range(opts.adapter_repeats):
+        for runs, batch in ((base_tps, base), (mixed_tps, mixed)):
+            tps = engine.load(batch, len(batch), opts.max_tokens).aggregate_tps
+            if tps:
+                runs.append(tps)
+    b, m = median(base_tps), median(mixed_tps)
+    ctx.result.record(ADAPTER_BASE, KILN, b)
+    ctx.result.record(ADAPTER_MIXED, KILN, m)
+    ctx.result.record(ADAPTER_RATIO, KILN, m / b if b and m else None)
+    ctx.result.options["multi-adapter streams"] = (f"{opts.adapter_streams} streams; adapters "
+                                                   f"{', '.join(names)} (round robin)")
+
+
+LEARNING_LOOP = MetricSpec("training.learning_loop_s", "live training",
+                           "learning loop: SFT POST to the first correct answer", "s", False)
+TRAINING_TPS = MetricSpec("training.tokens_per_sec", "live training", "training tokens/s", "tok/s", True)
+TRAINING_ITL_IDLE = MetricSpec("training.itl_p99_idle_ms", "live training", "ITL p99 of the streams, no training",
+                               "ms", False)
+TRAINING_ITL_BUSY = MetricSpec("training.itl_p99_busy_ms", "live training", "ITL p99 of the streams while training",
+                               "ms", False)
+TRAINING_ITL_RATIO = MetricSpec("training.itl_p99_ratio", "live training", "ITL p99 while training / without",
+                                "x", False, 2)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def measure_training(ctx: BenchContext, engine: BenchEngine) -> None:
+    opts, server = ctx.options, _kiln_server(engine)
+    endpoint: Endpoint = server.endpoint
+    run = training_load.learning_loop(endpoint, opts.learning_loop_timeout_s)
+    ctx.result.record(LEARNING_LOOP, KILN, run.post_to_answer_s)
+    ctx.result.record(TRAINING_TPS, KILN, run.tokens_per_sec)
+    if run.post_to_answer_s is None:
+        ctx.result.note(f"{KILN}: after training ({run.post_to_completed_s:.1f} s, {run.steps} steps) the answer "
+                        f"did not contain the taught fact: {run.answer!r}")
+    prompts = [ctx.prompt(opts.concurrent_prompt_tokens, 60_000 + i) for i in range(opts.training_streams)]
+    itl = training_load.itl_while_training(endpoint, prompts, opts.itl_max_tokens)
+    ctx.result.record(TRAINING_ITL_IDLE, KILN, _ms(itl.idle_p99_s))
+    ctx.result.record(TRAINING_ITL_BUSY, KILN, _ms(itl.training_p99_s))
+    ctx.result.record(TRAINING_ITL_RATIO, KILN, itl.ratio)
+    if not itl.training_overlapped:
+        ctx.result.note(f"{KILN}: the background training job ended before the streams did")
+
+
+KILN_ONLY = frozenset({KILN})
 MEASUREMENTS: list[Measurement] = [
     Measurement("single", "single-stream decode, prefill and TTFT", measure_single),
     Measurement("concurrent", "aggregate throughput and latency over concurrent streams", measure_concurrent),
     Measurement("itl", "inter-token latency while a long prompt arrives", measure_itl),
+    Measurement("adapters", "streams spread over several adapters vs base-model streams", measure_adapters,
+                KILN_ONLY),
+    Measurement("training", "the learning loop, training tokens/s, ITL while training", measure_training,
+                KILN_ONLY),
 ]
 
 

@@ -35,6 +35,12 @@ class BenchOptions:
     itl_long_prompt_tokens: int = 2000
     itl_trigger_tokens: int = 16         # tokens each stream has produced when the long prompt is sent
     warmup_prompt_tokens: int = 64
+    adapter_streams: int = 8             # multi-adapter case: these streams ...
+    adapter_count: int = 4               # ... spread over this many random adapters
+    adapter_rank: int = 16
+    adapter_repeats: int = 2             # base and mixed runs alternate; the median of each is reported
+    training_streams: int = 4            # streams whose ITL is measured with and without training
+    learning_loop_timeout_s: float = 900.0
 
     @classmethod
     def preset(cls, model_path: str, *, quick: bool = False, **overrides: object) -> BenchOptions:
@@ -42,7 +48,7 @@ class BenchOptions:
         if quick:
             base = replace(base, max_tokens=32, single_repeats=1, concurrency_levels=(8,),
                            itl_max_tokens=32, itl_trigger_tokens=8,
-                           itl_long_prompt_tokens=1000)
+                           itl_long_prompt_tokens=1000, adapter_repeats=1)
         return replace(base, **overrides)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, str]:
@@ -56,6 +62,11 @@ class BenchOptions:
             + f" × {self.requests_per_stream} request(s) each, ~{self.concurrent_prompt_tokens}-token prompts",
             "ITL case": f"{self.itl_streams} streams × {self.itl_max_tokens} tokens; a ~{self.itl_long_prompt_tokens}"
             f"-token prompt arrives after {self.itl_trigger_tokens} tokens each",
+            "multi-adapter case": f"{self.adapter_streams} streams over {self.adapter_count} random rank-"
+            f"{self.adapter_rank} adapters vs {self.adapter_streams} base streams, ~{self.concurrent_prompt_tokens}"
+            f"-token prompts, median of {self.adapter_repeats} alternating run(s)",
+            "training case": f"SFT of 8 examples (3 epochs) to the first correct answer; ITL p99 of "
+            f"{self.training_streams} streams × {self.itl_max_tokens} tokens with and without a training job",
             "threads": str(self.threads),
             "Kiln server": self.kiln_url or "started by kiln bench",
         }

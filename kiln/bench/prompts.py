@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 _VOCABULARY = (
@@ -33,6 +33,7 @@ class BenchPrompt:
     seed: int
     messages: list[dict[str, Any]]
     prompt_ids: list[int]        # what the server computes: the rendered chat template, tokenized
+    extra: dict[str, Any] = field(default_factory=dict)   # request fields of this prompt only (e.g. adapter)
 
     @property
     def num_tokens(self) -> int:

@@ -25,6 +25,12 @@ METHOD = [
     "aggregate tok/s = generated tokens of all requests / wall time; latency = request sent to last token.",
     "ITL: inter-token gaps of the decoding streams over the whole run, including the stretch where the long "
     "prompt is prefilled.",
+    "Multi-adapter: random LoRAs (rank in the options) on every projection are uploaded through `POST /v1/adapters/upload`; the "
+    "same prompts run as base-model streams (`adapter: null`) and spread round robin over the adapters, "
+    "alternating; the ratio is adapter streams / base streams from the same server.",
+    "Live training: the learning loop is the time from `POST /v1/train/sft` (8 examples of a made-up fact, "
+    "`auto_load`) to a chat answer containing the fact; training tokens/s is the job's own figure; the ITL ratio "
+    "compares the streams' p99 gap while a long SFT job trains (cancelled afterwards) with the same streams alone.",
     "Prompts are deterministic text sized with the model's tokenizer after the chat template; every request has "
     "a different prompt, so no prefix cache helps.",
 ]

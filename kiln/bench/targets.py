@@ -66,6 +66,18 @@ def _longest_prefill(result: BenchResult) -> list[str]:
     return [max(keys, key=_prompt_len)] if keys else []
 
 
+def kiln_value(key: str, threshold: float, at_most: bool, describe: Callable[[float], str]
+               ) -> Callable[[BenchResult], TargetOutcome]:
+    """Met when Kiln's own figure `key` is within `threshold` (a ratio inside one run, or seconds)."""
+    def check(result: BenchResult) -> TargetOutcome:
+        value = result.value(key, KILN)
+        if value is None:
+            return TargetOutcome(NOT_MEASURED, f"needs {key}")
+        ok = value <= threshold if at_most else value >= threshold
+        return TargetOutcome(MET if ok else MISSED, describe(value))
+    return check
+
+
 TARGETS: list[Target] = [
     Target("single-stream decode", ">= 1.0x llama.cpp (every prompt length)",
            versus_llamacpp(lambda r: _keys_with_prefix(r, "single.decode_tps@"), 1.0)),
@@ -73,6 +85,12 @@ TARGETS: list[Target] = [
     Target("aggregate throughput, 8 streams", ">= 5x llama.cpp's server",
            versus_llamacpp(lambda r: ["concurrent.agg_tps@8"], 5.0)),
     Target("ITL p99 during a long-prompt arrival", "<= 3x the median ITL", itl_spread(3.0)),
+    Target("streams over 4 adapters", ">= 0.7x the same streams on the base model (same run)",
+           kiln_value("adapters.mixed_over_base", 0.7, False, lambda v: f"{v:.2f}x")),
+    Target("learning loop", "<= 30 s from the SFT POST to the first correct answer (default model)",
+           kiln_value("training.learning_loop_s", 30.0, True, lambda v: f"{v:.1f} s")),
+    Target("ITL p99 while training", "<= 5x the same streams without training",
+           kiln_value("training.itl_p99_ratio", 5.0, True, lambda v: f"{v:.2f}x")),
 ]
 
 

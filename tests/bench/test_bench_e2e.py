@@ -19,14 +19,18 @@ def tiny_result(tmp_path_factory):
         str(model), skip_reference=True, out=Path("unused.md"), threads=1, max_tokens=6,
         single_prompt_tokens=(40,), single_repeats=1, concurrency_levels=(2,), requests_per_stream=1,
         concurrent_prompt_tokens=30, itl_streams=2, itl_max_tokens=12, itl_long_prompt_tokens=200,
-        itl_trigger_tokens=3, warmup_prompt_tokens=20)
+        itl_trigger_tokens=3, warmup_prompt_tokens=20, adapter_streams=2, adapter_count=2, adapter_rank=4,
+        adapter_repeats=1, training_streams=2)
     return run_bench(options, log=lambda _msg: None)
 
 
 def test_every_measurement_produces_kiln_figures_through_the_server(tiny_result):
     assert tiny_result.failures == []
     for key in ("single.decode_tps@40", "single.prefill_tps@40", "single.ttft_ms@40", "concurrent.agg_tps@2",
-                "concurrent.p99_latency_s@2", "itl.p50_ms", "itl.p99_ms", "itl.long_ttft_ms"):
+                "concurrent.p99_latency_s@2", "itl.p50_ms", "itl.p99_ms", "itl.long_ttft_ms",
+                "adapters.base_agg_tps", "adapters.mixed_agg_tps", "adapters.mixed_over_base",
+                "training.tokens_per_sec", "training.itl_p99_idle_ms", "training.itl_p99_busy_ms",
+                "training.itl_p99_ratio"):
         assert tiny_result.value(key, "kiln") > 0, key
 
 
