@@ -1,4 +1,4 @@
-"""`kiln judgments create|list|append|delete|render-prompt|compile` against a running server."""
+"""`kiln judgments create|list|append|delete|render-prompt|compile|validate` against a running server."""
 
 from __future__ import annotations
 
@@ -47,7 +47,13 @@ def register(sub) -> None:
     comp.add_argument("--include-skips", action="store_true")
     comp.set_defaults(func=lambda a: run_client_command(_compile, a))
 
-    for parser in (create, ls, append, rm, render, comp):
+    val = cmds.add_parser("validate", help="queue a held-out validation eval of a judge adapter")
+    val.add_argument("name")
+    val.add_argument("--adapter", required=True, help="the judge adapter to score (\"\" = the base model)")
+    val.add_argument("--holdout-n", type=int, help="how many of the most recent judgments to score (default 20)")
+    val.set_defaults(func=lambda a: run_client_command(_validate, a))
+
+    for parser in (create, ls, append, rm, render, comp, val):
         add_url_argument(parser)
 
 
@@ -145,6 +151,19 @@ def _compile(client: ServerClient, args) -> int:
     resp = client.post(f"/v1/judgments/{_q(args.name)}/compile", json=body)
     print(f"compiled {resp['rows']} rows into {resp['dataset']['name']} "
           f"(first {resp['train_validation_split']} judgments; last {resp['holdout_n']} held out)")
+    for warning in resp["warnings"]:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _validate(client: ServerClient, args) -> int:
+    body: dict[str, Any] = {"adapter": args.adapter}
+    if args.holdout_n is not None:
+        body["holdout_n"] = args.holdout_n
+    resp = client.post(f"/v1/judgments/{_q(args.name)}/validate", json=body)
+    judge = args.adapter or "the base model"
+    print(f"queued eval job {resp['eval_job_id']} scoring {judge} on suite {resp['validation_suite']} "
+          f"(seed {resp['effective_seed']}); follow it with `kiln eval show {resp['eval_job_id']}`")
     for warning in resp["warnings"]:
         print(f"warning: {warning}")
     return 0

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -10,8 +11,9 @@ from fastapi.testclient import TestClient
 
 import kiln.commands.client as client_module
 from kiln.api.app import create_app
+from kiln.api.state import ServerState
 from kiln.commands import judgments as judgments_cli
-from kiln.config import Settings
+from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
 from kiln.testing.schemas import validate
 
 EVALS = "kiln-evals-v1.schema.json"
@@ -157,7 +159,8 @@ def test_hostile_names_are_rejected_on_every_route(client, settings, name):
     seg = segment(name)
     routes = [("POST", f"/v1/judgments/{seg}/rows", body()), ("DELETE", f"/v1/judgments/{seg}/rows/r1", None),
               ("DELETE", f"/v1/judgments/{seg}", None), ("GET", f"/v1/judgments/{seg}", None),
-              ("POST", f"/v1/judgments/{seg}/compile", {"output_dataset": "o"})]
+              ("POST", f"/v1/judgments/{seg}/compile", {"output_dataset": "o"}),
+              ("POST", f"/v1/judgments/{seg}/validate", {"adapter": ""})]
     for method, path, payload in routes:
         resp = client.request(method, path, json=payload, follow_redirects=False)
         if "/" in name or not name:
@@ -171,11 +174,11 @@ def test_hostile_names_are_rejected_on_every_route(client, settings, name):
 # ---- CLI -------------------------------------------------------------------------------------
 
 REQUEST_ENTRYPOINTS = {("POST", "/v1/judgments"): "CreateJudgmentBody", ("POST", "rows"): "AppendJudgmentBody",
-                       ("POST", "render_prompt"): "AppendJudgmentBody", ("POST", "compile"): "CompileJudgmentBody"}
+                       ("POST", "render_prompt"): "AppendJudgmentBody", ("POST", "compile"): "CompileJudgmentBody",
+                       ("POST", "validate"): "PromoteJudgmentBody"}
 
 
-@pytest.fixture
-def cli(client, monkeypatch):
+def in_process_cli(client, monkeypatch):
     class InProcess(client_module.ServerClient):
         """Talks to the in-process app and checks every JSON body the CLI sends against the contract."""
 
@@ -197,6 +200,11 @@ def cli(client, monkeypatch):
         return args.func(args)
 
     return run
+
+
+@pytest.fixture
+def cli(client, monkeypatch):
+    return in_process_cli(client, monkeypatch)
 
 
 def test_cli_create_append_list_render_compile_delete(cli, tmp_path, capsys):
@@ -223,3 +231,129 @@ def test_cli_append_without_a_verdict_explains_what_is_missing(cli):
     with pytest.raises(SystemExit) as e:
         cli("append", "prefs", "--prompt", "q", "--response-a", "a", "--response-b", "b")
     assert "--winner" in str(e.value)
+
+
+# ---- validate (semantics.md §11.4) on a real tiny engine ------------------------------------------
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The whole app over a tiny llama with one saved LoRA adapter, `judge`; one event loop throughout."""
+    from kiln.engine.serving import build_serving_engine
+    from kiln.testing.tiny import make_tiny_model
+    from tests.adapters.helpers import TINY, save_random
+
+    root = tmp_path_factory.mktemp("judge-validate")
+    # The adapter helpers' model shape, so their random factors fit.
+    model = make_tiny_model(root / "tiny", arch="llama", hidden_size=TINY.hidden_size, num_heads=TINY.num_attention_heads,
+                            num_kv_heads=TINY.num_key_value_heads, intermediate_size=TINY.intermediate_size,
+                            init_std=0.3)
+    settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="tiny"),
+                        data=DataSettings(data_dir=str(root / "data")),
+                        engine=EngineSettings(kv_cache_memory_mb=16, max_model_len=1024))
+    state = ServerState(settings=settings)
+    app = create_app(settings, state)
+    services = state.services
+    save_random(services["adapter_store"], "judge", r=4, alpha=8, seed=3)
+    engine = build_serving_engine(settings)
+    engine.attach_adapters(services["adapter_store"], services.get("adapter_compose_cache"),
+                           services.get("adapters_active"))
+    state.engine = engine
+    try:
+        with TestClient(app) as client:
+            yield client
+    finally:
+        engine.shutdown()
+
+
+def judgment_set(client, name: str, winners: list[str], **first_extra) -> str:
+    assert client.post("/v1/judgments", json={"name": name}).status_code == 200
+    for i, winner in enumerate(winners):
+        extra = {"id": f"j{i}", **(first_extra if i == len(winners) - 1 else {})}
+        assert client.post(f"/v1/judgments/{name}/rows", json=body(i, winner, **extra)).status_code == 200
+    return name
+
+
+def wait_done(client, job_id: str, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = client.get(f"/v1/eval/jobs/{job_id}").json()
+        if result["state"] in TERMINAL:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"eval job {job_id} did not finish")
+
+
+def test_validate_queues_the_held_out_suite_against_the_judge_adapter(served):
+    name = judgment_set(served, "style", ["a", "b", "tie", "skip", "a", "b"], tags=["style"])
+    suites_before = served.get("/v1/eval/suites").json()
+    resp = served.post(f"/v1/judgments/{name}/validate", json={"adapter": "judge", "holdout_n": 3, "junk": 1})
+    assert resp.status_code == 200, resp.text
+    receipt = resp.json()
+    validate(EVALS, "ValidateJudgmentResponse", receipt)
+    assert receipt["status"] == "queued" and receipt["validation_suite"] == "judge-validate-style"
+    never_compiled, skipped = receipt["warnings"]
+    assert "never compiled" in never_compiled and "1 skip judgment(s)" in skipped
+    result = wait_done(served, receipt["eval_job_id"])
+    validate(EVALS, "EvalResult", result)
+    assert result["state"] == "completed", result.get("error")
+    assert result["effective_seed"] == receipt["effective_seed"]
+    (run,) = result["runs"]
+    assert run["suite_name"] == "judge-validate-style" and run["adapter"] == "judge"
+    # The last 3 rows are skip, a, b: the skip is left out; ids are the judgment ids.
+    assert [o["example_id"] for o in run["aggregated_outcomes"]] == ["j4", "j5"]
+    assert run["metrics"]["num_examples"] == 2
+    # Real greedy generations, capped at the suite's 64 tokens, scored by the verdict regex.
+    assert all(o["kind"] in ("pass", "fail") and o["completion_tokens"] <= 64 for o in run["outcomes"])
+    assert run["metrics"]["pass_rate_by_tag"].keys() == {"style"}
+    # Inline: the validation suite is not registered.
+    assert served.get("/v1/eval/suites").json() == suites_before
+
+
+def test_validate_on_the_base_model_warns_about_overlap_with_the_last_compile(served):
+    name = judgment_set(served, "overlap", ["a", "b", "tie", "a", "b"])
+    assert served.post(f"/v1/judgments/{name}/compile", json={"output_dataset": "overlap-sft",
+                                                               "holdout_n": 1}).status_code == 200
+    receipt = served.post(f"/v1/judgments/{name}/validate", json={"adapter": "", "holdout_n": 2}).json()
+    validate(EVALS, "ValidateJudgmentResponse", receipt)
+    (warning,) = receipt["warnings"]
+    assert "overlap" in warning
+    result = wait_done(served, receipt["eval_job_id"])
+    assert result["state"] == "completed" and result["runs"][0].get("adapter") is None
+    assert [o["example_id"] for o in result["runs"][0]["aggregated_outcomes"]] == ["j3", "j4"]
+    # Validating only what compile held out is clean.
+    again = served.post(f"/v1/judgments/{name}/validate", json={"adapter": "", "holdout_n": 1}).json()
+    assert again["warnings"] == []
+    wait_done(served, again["eval_job_id"])
+
+
+def test_validate_errors(served):
+    name = judgment_set(served, "errs", ["a"])
+    error(served.post("/v1/judgments/ghost/validate", json={"adapter": ""}), 404, "judgment_not_found")
+    err = error(served.post(f"/v1/judgments/{name}/validate", json={"adapter": ""}), 400, "judgment_invalid")
+    assert "at least 2" in err["message"]
+    served.post(f"/v1/judgments/{name}/rows", json=body(9, "skip"))
+    err = error(served.post(f"/v1/judgments/{name}/validate", json={"adapter": "", "holdout_n": 1}), 400,
+                "judgment_invalid")
+    assert err["param"] == "holdout_n" and "skips" in err["message"]
+    err = error(served.post(f"/v1/judgments/{name}/validate", json={"adapter": "ghost"}), 404, "adapter_not_found")
+    assert err["param"] == "adapter"
+    for bad, param in [({}, "adapter"), ({"adapter": None}, "adapter"), ({"adapter": 3}, "adapter"),
+                       ({"adapter": "", "holdout_n": -1}, "holdout_n"), ({"adapter": "", "holdout_n": "2"}, "holdout_n"),
+                       ({"adapter": "", "holdout_n": True}, "holdout_n")]:
+        err = error(served.post(f"/v1/judgments/{name}/validate", json=bad), 400, "judgment_invalid")
+        assert err["param"] == param, (bad, err)
+    error(served.post(f"/v1/judgments/{name}/validate", content=b"[1]"), 400, "judgment_invalid")
+    assert all(j["state"] in TERMINAL for j in served.get("/v1/eval/jobs").json()["jobs"])
+
+
+def test_cli_validate(served, monkeypatch, capsys):
+    name = judgment_set(served, "cli-judge", ["a", "b", "tie"])
+    run = in_process_cli(served, monkeypatch)
+    assert run("validate", name, "--adapter", "judge", "--holdout-n", "2") == 0
+    out = capsys.readouterr().out
+    assert "scoring judge on suite judge-validate-cli-judge" in out and "warning: " in out
+    job_id = out.split("queued eval job ", 1)[1].split()[0]
+    assert wait_done(served, job_id)["state"] == "completed"
