@@ -15,13 +15,15 @@ def register(sub) -> None:
         help="benchmark Kiln's server against reference engines and write benchmarks/RESULTS.md",
         description="Single-stream decode/prefill/TTFT, aggregate throughput over concurrent streams, and "
         "inter-token latency while a long prompt arrives; Kiln through its HTTP server, transformers and "
-        "(when installed) llama.cpp on the same weights.",
+        "(when installed) llama.cpp on the same weights. Kiln alone: streams spread over 4 adapters vs "
+        "base-model streams, and live training (the learning loop, training tokens/s, ITL while training).",
     )
     p.add_argument("--model", help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--quick", action="store_true", help="fewer tokens and requests (about two minutes)")
     p.add_argument("--skip-reference", action="store_true", help="measure Kiln only")
     p.add_argument("--out", default="benchmarks/RESULTS.md", help="report file (default: %(default)s)")
-    p.add_argument("--only", default="", help="comma-separated measurements: single,concurrent,itl (default: all)")
+    p.add_argument("--only", default="", help="comma-separated measurements: "
+                   "single,concurrent,itl,adapters,training (default: all)")
     p.add_argument("--kiln-url", help="measure this running Kiln server (e.g. http://127.0.0.1:8420) instead of "
                    "starting one; --model must name the model it serves (for the tokenizer and the references)")
     p.add_argument("--threads", type=int, help="CPU threads for every engine (default: all available cores)")

@@ -1,8 +1,9 @@
 """Batched multi-adapter LoRA (S-LoRA / punica style): stacked A/B tensors and a per-token slot index.
 
 The base projection runs once for the whole batch; each token then adds its own low-rank delta
-`(x @ A[slot].T) @ B[slot].T` from the bank, so requests on different adapters (and the base, slot 0,
-whose factors are zero) share every step. Decode rows gather their slot's factors (BGMV); a prefill
+`(x @ A[slot].T) @ B[slot]` from the bank, so requests on different adapters (and the base, slot 0,
+whose factors are zero) share every step. Decode rows use their slot's factors (BGMV: the C++ kernel
+in kernels/lora_bgmv.cpp reads them in place; torch's fallback gathers them for a bmm); a prefill
 chunk belongs to one sequence, so it uses its slot's factors directly (SGMV over one segment).
 Adapters are never merged into the base weights.
 """
@@ -16,6 +17,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from kiln.model import kernels, quant
 from kiln.model.config import ModelConfig
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -55,11 +57,15 @@ class LoraBank:
         self.dtype = dtype
         self.device = device
         n_layers = cfg.num_hidden_layers
-        # A: [L, S, R, in]; B: [L, S, out, R] with the adapter's scale folded into B
+        # A: [L, S, R, in]; B transposed, [L, S, R, out], with the adapter's scale folded in: both are
+        # rank-major, so one slot's factors are contiguous rows the kernel streams through
         self.a = {m: torch.zeros(n_layers, num_slots, rank, i, dtype=dtype, device=device)
                   for m, (i, _) in self.shapes.items()}
-        self.b = {m: torch.zeros(n_layers, num_slots, o, rank, dtype=dtype, device=device)
+        self.b = {m: torch.zeros(n_layers, num_slots, rank, o, dtype=dtype, device=device)
                   for m, (_, o) in self.shapes.items()}
+        # per-layer views, made once: indexing a tensor per projection call is a measurable cost
+        self.a_layers = {m: list(t.unbind(0)) for m, t in self.a.items()}
+        self.b_layers = {m: list(t.unbind(0)) for m, t in self.b.items()}
         # which modules any slot uses: skip the rest entirely
         self.used: dict[str, set[int]] = {m: set() for m in MODULES}
 
@@ -68,7 +74,7 @@ class LoraBank:
         new = LoraBank(self.cfg, max(num_slots, self.num_slots), max(rank, self.rank), self.dtype, self.device)
         for m in MODULES:
             new.a[m][:, : self.num_slots, : self.rank] = self.a[m]
-            new.b[m][:, : self.num_slots, :, : self.rank] = self.b[m]
+            new.b[m][:, : self.num_slots, : self.rank] = self.b[m]
         new.used = {m: set(s) for m, s in self.used.items()}
         return new
 
@@ -82,7 +88,7 @@ class LoraBank:
             if r > self.rank:
                 raise ValueError(f"rank {r} exceeds the bank rank {self.rank}")
             self.a[name][layer, slot, :r] = a.to(self.dtype)
-            self.b[name][layer, slot, :, :r] = (b.float() * scale).to(self.dtype)
+            self.b[name][layer, slot, :r] = (b.float().T * scale).to(self.dtype)
             self.used[name].add(slot)
 
     def clear_slot(self, slot: int) -> None:
@@ -91,36 +97,54 @@ class LoraBank:
             self.b[m][:, slot].zero_()
             self.used[m].discard(slot)
 
-    def delta(self, x: Tensor, layer: int, name: str, step: LoraStep) -> Tensor | None:
-        """The summed LoRA contribution for flat tokens `x` `[T, in]`, or None when no token has one."""
+    def apply(self, y: Tensor, x: Tensor, layer: int, name: str, step: LoraStep) -> Tensor:
+        """`y` (the base projection of flat tokens `x`) plus each token's LoRA delta, in place."""
         if not self.used[name]:
-            return None
-        a, b = self.a[name][layer], self.b[name][layer]
-        dtype = x.dtype
-        x = x.to(self.dtype)
-        out: Tensor | None = None
+            return y
+        a, b = self.a_layers[name][layer], self.b_layers[name][layer]
         if step.decode_slots is not None:
-            # index_select, not a[slots]: advanced indexing of a 3-D tensor costs milliseconds on CPU
-            xd = x[: step.num_decode].unsqueeze(1)                                       # [Bd, 1, in]
-            xa = torch.bmm(xd, a.index_select(0, step.decode_slots).transpose(1, 2))     # [Bd, 1, R]
-            yd = torch.bmm(xa, b.index_select(0, step.decode_slots).transpose(1, 2)).squeeze(1)
-            out = torch.zeros(x.shape[0], yd.shape[1], dtype=x.dtype, device=x.device)
-            out[: step.num_decode] = yd
+            module = _kernel(x, a)
+            if module is not None:
+                module.lora_bgmv_add(y, x, a, b, step.decode_slots)
+            else:
+                # index_select, not a[slots]: advanced indexing of a 3-D tensor costs milliseconds on CPU
+                xd = x[: step.num_decode].unsqueeze(1).to(self.dtype)                   # [Bd, 1, in]
+                xa = torch.bmm(xd, a.index_select(0, step.decode_slots).transpose(1, 2))  # [Bd, 1, R]
+                yd = torch.bmm(xa, b.index_select(0, step.decode_slots)).squeeze(1)     # [Bd, out]
+                y[: step.num_decode] += yd.to(y.dtype)
         for start, length, slot in step.segments:
             if slot not in self.used[name]:
                 continue
-            seg = x[start : start + length]
-            y = (seg @ a[slot].T) @ b[slot].T
-            if out is None:
-                out = torch.zeros(x.shape[0], y.shape[1], dtype=x.dtype, device=x.device)
-            out[start : start + length] += y
-        return out.to(dtype) if out is not None else None
+            seg = x[start : start + length].to(self.dtype)
+            y[start : start + length] += ((seg @ a[slot].T) @ b[slot]).to(y.dtype)
+        return y
+
+    def delta(self, x: Tensor, layer: int, name: str, step: LoraStep) -> Tensor | None:
+        """The LoRA contribution alone for flat tokens `x` `[T, in]`, or None when no token has one."""
+        if not self.used[name]:
+            return None
+        out = torch.zeros(x.shape[0], self.shapes[name][1], dtype=x.dtype, device=x.device)
+        return self.apply(out, x, layer, name, step)
+
+
+def _kernel(x: Tensor, a: Tensor):
+    """The compiled BGMV kernel when it applies here (CPU, float32 factors, no autograd), else None."""
+    if not x.is_cpu or a.dtype != torch.float32 or x.requires_grad or x.dtype not in _KERNEL_DTYPES:
+        return None
+    if not quant.kernels_enabled():
+        return None
+    return kernels.ready()
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class LoraDelta(Protocol):
     """Anything that adds a low-rank delta to a projection: the serving bank or trainable factors."""
 
-    def delta(self, x: Tensor, layer: int, name: str) -> Tensor | None: ...
+    def apply(self, y: Tensor, x: Tensor, layer: int, name: str) -> Tensor:
+        """`y` (the base projection of `x`) plus the delta; in place where autograd allows."""
+        ...
 
 
 @dataclass
@@ -130,8 +154,8 @@ class BankRouting:
     bank: LoraBank
     step: LoraStep
 
-    def delta(self, x: Tensor, layer: int, name: str) -> Tensor | None:
-        return self.bank.delta(x, layer, name, self.step)
+    def apply(self, y: Tensor, x: Tensor, layer: int, name: str) -> Tensor:
+        return self.bank.apply(y, x, layer, name, self.step)
 
 
 def build_lora_step(slots: list[int], lengths: list[int], num_decode: int, device: torch.device) -> LoraStep | None:

@@ -269,6 +269,11 @@ def refresh_from_env() -> None:
     _kernels_disabled = _disabled_by_env()
 
 
+def kernels_enabled() -> bool:
+    """False when `KILN_DISABLE_KERNELS` asks for the torch paths everywhere."""
+    return not _kernels_disabled
+
+
 def kernels_available() -> bool:
     """Whether `quant_linear` runs the C++ kernel on CPU tensors (compiles it on the first call)."""
     return not _kernels_disabled and kernels.load() is not None

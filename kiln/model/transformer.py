@@ -62,11 +62,7 @@ def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, na
     `packed_ok` (the serving path) multiplies with the quantized weights when the model has them."""
     packed = getattr(linear, "packed", None) if packed_ok else None
     y = quant_linear(x, packed, linear.bias) if packed is not None else linear(x)
-    if lora is not None:
-        delta = lora.delta(x, layer, name)
-        if delta is not None:
-            y = y + delta
-    return y
+    return y if lora is None else lora.apply(y, x, layer, name)
 
 
 class Attention(nn.Module):

@@ -51,6 +51,10 @@ class TrainableLora(nn.Module):
                 self.b[_key(layer, name)] = nn.Parameter(torch.zeros(fan_out, rank, dtype=torch.float32, device=device))
 
     # -- LoraDelta ---------------------------------------------------------------------------------
+    def apply(self, y: Tensor, x: Tensor, layer: int, name: str) -> Tensor:
+        delta = self.delta(x, layer, name)
+        return y if delta is None else y + delta   # not in place: autograd needs y
+
     def delta(self, x: Tensor, layer: int, name: str) -> Tensor | None:
         key = _key(layer, name)
         if key not in self.a:

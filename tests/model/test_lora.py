@@ -10,6 +10,8 @@ from peft import LoraConfig, get_peft_model
 
 from kiln.adapters.compose import compose_modules
 from kiln.adapters.store import AdapterStore
+from kiln.model import kernels
+from kiln.model import lora as lora_module
 from kiln.model.kv_cache import KVCache, build_attention_metadata
 from kiln.model.lora import MODULES, LoraBank, build_lora_step
 
@@ -67,7 +69,18 @@ def test_adapter_logits_match_peft_per_module_type(tiny_llama: TinyModel, tmp_pa
     model.lora_bank = None
 
 
-def test_mixed_batch_gives_each_request_its_own_adapter(tiny_llama: TinyModel, tmp_path):
+@pytest.fixture(params=["kernel", "torch"])
+def decode_path(request, monkeypatch):
+    """Decode rows through the C++ BGMV kernel, or through torch's gather + bmm fallback."""
+    if request.param == "kernel":
+        if kernels.load() is None:
+            pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    else:
+        monkeypatch.setattr(lora_module, "_kernel", lambda x, a: None)
+    return request.param
+
+
+def test_mixed_batch_gives_each_request_its_own_adapter(tiny_llama: TinyModel, tmp_path, decode_path):
     _peft_adapter(tiny_llama, tmp_path, "x", list(MODULES), seed=2)
     _peft_adapter(tiny_llama, tmp_path, "y", ["q_proj", "down_proj"], seed=3, r=2)
     store = AdapterStore(tmp_path)

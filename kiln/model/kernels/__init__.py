@@ -1,4 +1,4 @@
-"""The C++ quantized-linear kernels (`qlinear.cpp`), compiled on first use and cached.
+"""The C++ kernels (quantized linear `qlinear.cpp`, batched LoRA `lora_bgmv.cpp`), compiled on first use and cached.
 
 Nothing is compiled at import: `load()` builds the extension the first time it is called (about a
 minute on two cores; later processes load the cached library from the torch extensions directory,
@@ -21,6 +21,8 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("qlinear.cpp")
+# The batched-LoRA kernel shares the library (one build, one cache entry).
+SOURCES = [SOURCE, Path(__file__).with_name("lora_bgmv.cpp")]
 EXTENSION_NAME = "kiln_qlinear"
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17"]
@@ -29,6 +31,7 @@ ISA_LEVELS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _error: str | None = None
+_background: threading.Thread | None = None
 
 
 def load() -> ModuleType | None:
@@ -44,6 +47,19 @@ def load() -> ModuleType | None:
                 _error = f"{type(exc).__name__}: {exc}"
                 log.warning("quantized-linear kernels unavailable, using the torch reference path (%s)", _error)
     return _module
+
+
+def ready() -> ModuleType | None:
+    """The module if it is built already; otherwise start building it in the background and return
+    None, so a hot path that has a torch fallback never waits a minute for the compiler."""
+    global _background
+    if _module is not None or _error is not None:
+        return _module
+    with _lock:
+        if _background is None:
+            _background = threading.Thread(target=load, name="kiln-kernels-build", daemon=True)
+            _background.start()
+    return None
 
 
 def load_error() -> str | None:
@@ -68,7 +84,8 @@ def _build() -> ModuleType:
     start = time.perf_counter()
     module = cpp_extension.load(
         name=EXTENSION_NAME,
-        sources=[str(SOURCE)],
+        sources=[str(s) for s in SOURCES],
+        extra_include_paths=[str(SOURCE.parent)],
         extra_cflags=CFLAGS,
         extra_ldflags=["-lpthread"],
         verbose=False,

@@ -19,6 +19,8 @@
 // any x86-64 (or other) CPU; the path is picked at run time from cpuid.
 
 #include <torch/extension.h>
+
+#include "lora_bgmv.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
 
 #include <algorithm>
@@ -674,4 +676,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("best_isa", &best_isa, "0 scalar, 1 avx2, 2 avx512-vnni");
+  m.def("lora_bgmv_add", &kiln::lora_bgmv_add, "out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i] (decode LoRA)",
+        py::arg("out"), py::arg("x"), py::arg("a"), py::arg("b"), py::arg("slots"), py::arg("isa") = -1,
+        py::call_guard<py::gil_scoped_release>());
 }

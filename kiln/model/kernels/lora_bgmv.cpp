@@ -1,0 +1,205 @@
+// Batched multi-adapter LoRA for decode rows (BGMV): out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i].
+//
+// A is [S, R, K] and B is [S, R, N] (float32, the adapter scale folded into B); slot 0 is the base
+// model and is skipped. Rows are visited grouped by slot, so each adapter's factors come from memory
+// once per call and stay in cache for its other rows. Per row: R dot products of length K, then one
+// pass over N that keeps blocks of the delta in registers across all R ranks and adds them to `out`
+// (float32 or bfloat16, accumulated in float32). torch's bmm over gathered factors copies every
+// row's A and B first; this reads them in place, which is most of the difference at decode sizes.
+//
+// Like qlinear.cpp, the SIMD functions carry their own target attributes and are picked from cpuid.
+
+#include "lora_bgmv.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define KILN_LORA_X86 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+enum LoraIsa { LORA_SCALAR = 0, LORA_AVX2 = 1, LORA_AVX512 = 2 };
+
+int lora_isa() {
+  static const int isa = [] {
+#ifdef KILN_LORA_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return static_cast<int>(LORA_AVX512);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return static_cast<int>(LORA_AVX2);
+#endif
+    return static_cast<int>(LORA_SCALAR);
+  }();
+  return isa;
+}
+
+// xa[r] = dot(x, a[r]) for r < R; d[0:N] = sum_r xa[r] * b[r]   (d is overwritten)
+void row_scalar(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N, float* xa,
+                float* d) {
+  for (int64_t r = 0; r < R; ++r) {
+    float s = 0.f;
+    for (int64_t k = 0; k < K; ++k) s += x[k] * a[r * K + k];
+    xa[r] = s;
+  }
+  for (int64_t n = 0; n < N; ++n) d[n] = 0.f;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* br = b + r * N;
+    for (int64_t n = 0; n < N; ++n) d[n] += xa[r] * br[n];
+  }
+}
+
+#ifdef KILN_LORA_X86
+#define KILN_LORA_AVX512 __attribute__((target("avx512f,fma")))
+#define KILN_LORA_AVX2 __attribute__((target("avx2,fma")))
+
+KILN_LORA_AVX512 void row_avx512(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N,
+                                 float* xa, float* d) {
+  const int64_t k16 = K & ~int64_t(15);
+  const __mmask16 kmask = static_cast<__mmask16>((1u << (K - k16)) - 1);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* ar = a + r * K;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= k16; k += 32) {
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(ar + k), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(ar + k + 16), acc1);
+    }
+    for (; k < k16; k += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(ar + k), acc0);
+    if (kmask) acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kmask, x + k16), _mm512_maskz_loadu_ps(kmask, ar + k16), acc1);
+    xa[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  }
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) {
+    __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps(), d2 = _mm512_setzero_ps(), d3 = _mm512_setzero_ps();
+    for (int64_t r = 0; r < R; ++r) {
+      const __m512 s = _mm512_set1_ps(xa[r]);
+      const float* br = b + r * N + n;
+      d0 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br), d0);
+      d1 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br + 16), d1);
+      d2 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br + 32), d2);
+      d3 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br + 48), d3);
+    }
+    _mm512_storeu_ps(d + n, d0);
+    _mm512_storeu_ps(d + n + 16, d1);
+    _mm512_storeu_ps(d + n + 32, d2);
+    _mm512_storeu_ps(d + n + 48, d3);
+  }
+  for (; n < N; n += 16) {
+    const __mmask16 m = N - n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n)) - 1);
+    __m512 d0 = _mm512_setzero_ps();
+    for (int64_t r = 0; r < R; ++r)
+      d0 = _mm512_fmadd_ps(_mm512_set1_ps(xa[r]), _mm512_maskz_loadu_ps(m, b + r * N + n), d0);
+    _mm512_mask_storeu_ps(d + n, m, d0);
+  }
+}
+
+KILN_LORA_AVX2 void row_avx2(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N,
+                             float* xa, float* d) {
+  const int64_t k8 = K & ~int64_t(7);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* ar = a + r * K;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(ar + k), acc);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc);
+    float s = 0.f;
+    for (float v : lanes) s += v;
+    for (int64_t k = k8; k < K; ++k) s += x[k] * ar[k];
+    xa[r] = s;
+  }
+  int64_t n = 0;
+  for (; n + 32 <= N; n += 32) {
+    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps(), d2 = _mm256_setzero_ps(), d3 = _mm256_setzero_ps();
+    for (int64_t r = 0; r < R; ++r) {
+      const __m256 s = _mm256_set1_ps(xa[r]);
+      const float* br = b + r * N + n;
+      d0 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br), d0);
+      d1 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br + 8), d1);
+      d2 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br + 16), d2);
+      d3 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br + 24), d3);
+    }
+    _mm256_storeu_ps(d + n, d0);
+    _mm256_storeu_ps(d + n + 8, d1);
+    _mm256_storeu_ps(d + n + 16, d2);
+    _mm256_storeu_ps(d + n + 24, d3);
+  }
+  for (; n < N; ++n) {
+    float s = 0.f;
+    for (int64_t r = 0; r < R; ++r) s += xa[r] * b[r * N + n];
+    d[n] = s;
+  }
+}
+#endif  // KILN_LORA_X86
+
+void lora_row(int isa, const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N, float* xa,
+              float* d) {
+#ifdef KILN_LORA_X86
+  if (isa == LORA_AVX512) return row_avx512(x, a, b, R, K, N, xa, d);
+  if (isa == LORA_AVX2) return row_avx2(x, a, b, R, K, N, xa, d);
+#endif
+  row_scalar(x, a, b, R, K, N, xa, d);
+}
+
+}  // namespace
+
+namespace kiln {
+
+void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                   const torch::Tensor& slots, int64_t isa) {
+  TORCH_CHECK_VALUE(out.dim() == 2 && x.dim() == 2 && a.dim() == 3 && b.dim() == 3 && slots.dim() == 1,
+                    "kiln lora_bgmv: out [T, N], x [T, K], a [S, R, K], b [S, R, N], slots [B]");
+  TORCH_CHECK_VALUE(out.device().is_cpu() && x.device().is_cpu() && a.device().is_cpu() && b.device().is_cpu() &&
+                        slots.device().is_cpu(),
+                    "kiln lora_bgmv: CPU tensors only");
+  TORCH_CHECK_VALUE(a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32 && a.is_contiguous() &&
+                        b.is_contiguous(),
+                    "kiln lora_bgmv: a and b must be contiguous float32");
+  TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && slots.is_contiguous(), "kiln lora_bgmv: int64 slots");
+  const int64_t rows = slots.size(0), S = a.size(0), R = a.size(1), K = a.size(2), N = b.size(2);
+  TORCH_CHECK_VALUE(b.size(0) == S && b.size(1) == R && x.size(1) == K && out.size(1) == N && x.size(0) >= rows &&
+                        out.size(0) >= rows,
+                    "kiln lora_bgmv: shape mismatch");
+  const auto out_type = out.scalar_type(), x_type = x.scalar_type();
+  TORCH_CHECK_VALUE((out_type == torch::kFloat32 || out_type == torch::kBFloat16) &&
+                        (x_type == torch::kFloat32 || x_type == torch::kBFloat16),
+                    "kiln lora_bgmv: float32 or bfloat16 activations");
+  TORCH_CHECK_VALUE(out.stride(1) == 1 && x.stride(1) == 1, "kiln lora_bgmv: rows must be contiguous");
+  const int best = lora_isa();
+  const int use = isa < 0 ? best : std::min(static_cast<int>(isa), best);
+
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  std::vector<int64_t> order(rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [slot](int64_t i, int64_t j) { return slot[i] < slot[j]; });
+
+  std::vector<float> xrow(K), xa(R), d(N);
+  const float* af = a.data_ptr<float>();
+  const float* bf = b.data_ptr<float>();
+  for (int64_t i : order) {
+    const int64_t s = slot[i];
+    if (s <= 0) continue;
+    TORCH_CHECK_VALUE(s < S, "kiln lora_bgmv: slot ", s, " is outside the bank's ", S, " slots");
+    const float* xr;
+    if (x_type == torch::kFloat32) {
+      xr = x.data_ptr<float>() + i * x.stride(0);
+    } else {
+      const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>() + i * x.stride(0);
+      for (int64_t k = 0; k < K; ++k) xrow[k] = static_cast<float>(xb[k]);
+      xr = xrow.data();
+    }
+    lora_row(use, xr, af + s * R * K, bf + s * R * N, R, K, N, xa.data(), d.data());
+    if (out_type == torch::kFloat32) {
+      float* o = out.data_ptr<float>() + i * out.stride(0);
+      for (int64_t n = 0; n < N; ++n) o[n] += d[n];
+    } else {
+      c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + i * out.stride(0);
+      for (int64_t n = 0; n < N; ++n) o[n] = static_cast<c10::BFloat16>(static_cast<float>(o[n]) + d[n]);
+    }
+  }
+}
+
+}  // namespace kiln

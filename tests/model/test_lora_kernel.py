@@ -1,0 +1,84 @@
+"""The C++ BGMV kernel (kernels/lora_bgmv.cpp) against a direct computation, on every ISA path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.model import kernels
+from kiln.model import lora as lora_module
+from kiln.model.config import ModelConfig
+from kiln.model.lora import LoraBank, LoraStep
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason=f"kernels unavailable: {kernels.load_error()}")
+
+
+def _isas() -> list[int]:
+    return list(range(kernels.ISA_LEVELS[kernels.best_isa()] + 1)) if kernels.best_isa() else [0]
+
+
+def _reference(out, x, a, b, slots):
+    ref = out.float().clone()
+    for i, s in enumerate(slots.tolist()):
+        if s:
+            ref[i] += (x[i].float() @ a[s].T) @ b[s]
+    return ref
+
+
+# shapes with tails: K and N not multiples of 16 or 8, and the SmolLM2 projection sizes
+@pytest.mark.parametrize("k,n,r", [(576, 1536, 16), (1536, 576, 16), (37, 45, 3), (576, 192, 8), (8, 1, 1)])
+@pytest.mark.parametrize("isa", _isas())
+def test_kernel_adds_each_rows_own_adapter_delta_in_float32(k, n, r, isa):
+    g = torch.Generator().manual_seed(k + n)
+    a, b = torch.randn(4, r, k, generator=g), torch.randn(4, r, n, generator=g)
+    slots = torch.tensor([1, 0, 3, 1, 2, 0, 3])
+    x, out = torch.randn(9, k, generator=g), torch.randn(9, n, generator=g)
+    ref = _reference(out, x, a, b, slots)
+    kernels.load().lora_bgmv_add(out, x, a, b, slots, isa)
+    # float32 sums of up to 1536 terms in another order: relative to the largest value
+    assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("isa", _isas())
+def test_kernel_accumulates_in_float32_for_bfloat16_activations(isa):
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(3, 8, 64, generator=g), torch.randn(3, 8, 96, generator=g)
+    slots = torch.tensor([2, 1, 0])
+    x, out = torch.randn(3, 64, generator=g).bfloat16(), torch.randn(3, 96, generator=g).bfloat16()
+    expected = _reference(out, x, a, b, slots).bfloat16()
+    before = out.clone()
+    kernels.load().lora_bgmv_add(out, x, a, b, slots, isa)
+    assert torch.equal(out, expected)   # one rounding of base + delta, nothing else
+    assert torch.equal(out[2], before[2])   # slot 0: the base model, untouched
+
+
+def test_kernel_leaves_rows_past_the_decode_rows_alone():
+    a, b = torch.randn(2, 4, 16), torch.randn(2, 4, 8)
+    out, x = torch.zeros(5, 8), torch.randn(5, 16)
+    kernels.load().lora_bgmv_add(out, x, a, b, torch.tensor([1, 1]))
+    assert out[:2].abs().sum() > 0 and torch.equal(out[2:], torch.zeros(3, 8))
+
+
+def test_kernel_refuses_a_slot_outside_the_bank():
+    a, b = torch.randn(2, 4, 16), torch.randn(2, 4, 8)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.load().lora_bgmv_add(torch.zeros(1, 8), torch.randn(1, 16), a, b, torch.tensor([2]))
+
+
+def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(monkeypatch):
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=6)
+    bank = LoraBank(cfg, 3, 4, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    for slot in (1, 2):
+        bank.set_slot(slot, {(layer, m): (torch.randn(4, i, generator=g), torch.randn(o, 4, generator=g), 0.5)
+                             for layer in range(2) for m, (i, o) in bank.shapes.items()})
+    # three decode rows (slots 2, 0, 1), then a 3-token prefill segment on slot 1
+    step = LoraStep(torch.tensor([2, 0, 1]), 3, [(3, 3, 1)])
+    x = torch.randn(6, 40, generator=g)
+    y = torch.randn(6, 24, generator=g)
+    with_kernel = bank.apply(y.clone(), x, 1, "down_proj", step)
+    monkeypatch.setattr(lora_module, "_kernel", lambda x, a: None)
+    with_torch = bank.apply(y.clone(), x, 1, "down_proj", step)
+    assert torch.allclose(with_kernel, with_torch, atol=1e-5)
+    assert torch.equal(with_kernel[1], y[1])
