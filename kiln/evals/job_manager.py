@@ -53,6 +53,8 @@ class EvalJobManager:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Called on the event loop with every job that reaches a terminal state (post-training gates).
+        self.listeners: list[Callable[[EvalJob], None]] = []
 
     # -- startup ------------------------------------------------------------------------------------
     def load_archived(self) -> int:
@@ -128,6 +130,7 @@ class EvalJobManager:
             self._queue.remove(job_id)
             job.state, job.finished_at = "cancelled", utc_now_rfc3339()
             self.store.save(job)
+            self._finished(job)
             return {"status": "cancelled", "job_id": job_id, "was_in_queue": True}
         del self.jobs[job_id]
         return {"status": "deleted", "job_id": job_id, "removed_archive_file": self.store.delete(job_id)}
@@ -166,6 +169,7 @@ class EvalJobManager:
                 job.replay_verdict = self._verdict(job)
             self._save(job)
             self._active = self._stop = None
+            self._finished(job)
 
     async def _run_adapters(self, job: EvalJob, stop: asyncio.Event) -> None:
         generator = self.generator_factory()
@@ -194,6 +198,13 @@ class EvalJobManager:
         if job.state != "completed":
             error = f"the replay job ended {job.state}" + (f": {job.error}" if job.error else "")
         return replay_verdict(job.replay_expectation, record, error=error)
+
+    def _finished(self, job: EvalJob) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(job)
+            except Exception:  # noqa: BLE001 - a listener's bug must not take the worker down
+                log.exception("eval job %s: terminal-state listener failed", job.job_id)
 
     def _save(self, job: EvalJob) -> None:
         if self.jobs.get(job.job_id) is not job:

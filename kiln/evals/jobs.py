@@ -47,6 +47,9 @@ class EvalJob:
     replay_verdict: dict[str, Any] | None = None
     execution_provenance: dict[str, Any] | None = None
     base_weight_manifest: dict[str, Any] | None = None
+    # Post-training jobs (§8.14): the training job that queued this one and, when gated, its PostEvalGate.
+    source_training_job_id: str | None = None
+    post_eval_gate: dict[str, Any] | None = None
     # Orders jobs submitted within the same microsecond.
     sequence: int = 0
 
@@ -81,11 +84,13 @@ class EvalJob:
             finished_runs=list(self.runs),
             headline_accuracy=self.headline_accuracy(),
             error=self.error,
-            source_training_job_id=None,
+            source_training_job_id=self.source_training_job_id,
             submitted_at_iso=self.submitted_at,
             started_at_iso=self.started_at,
             finished_at_iso=self.finished_at,
         )
+        if self.post_eval_gate is not None:
+            out["post_eval_gate"] = self.post_eval_gate
         if self.replay_expectation is not None:
             out["replay_expectation"] = self.replay_expectation
         if self.replay_verdict is not None:
@@ -139,4 +144,5 @@ class EvalJob:
             replay_expectation=info.get("replay_expectation"), replay_verdict=info.get("replay_verdict"),
             execution_provenance=info.get("execution_provenance"),
             base_weight_manifest=info.get("base_weight_shard_manifest"), sequence=int(data.get("sequence", 0)),
+            source_training_job_id=info.get("source_training_job_id"), post_eval_gate=info.get("post_eval_gate"),
         )

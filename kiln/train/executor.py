@@ -3,7 +3,7 @@
 The base weights are the ones the serving actor uses -- no copy -- frozen (requires_grad False) and
 never written: only the LoRA factors get gradients. The actor keeps serving meanwhile; the loop
 yields at every step and, on CPU, leaves the actor a core of its own. On success the adapter is saved atomically (PEFT files, receipt, manifest) and,
-with auto_load, made the server default through the active-adapter holder, whose callbacks swap it
+with auto_load (and no post-training gate pending), made the server default through the active-adapter holder, whose callbacks swap it
 into the engine (requests already running finish on the weights they started with).
 """
 
@@ -106,17 +106,19 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
     job.train_receipt = {k: v for k, v in receipt.items() if k != "loss_curve"}
     job.train_receipt["adapter_content_sha256"] = info.content_sha256
     job.progress = 1.0
-    if plan.auto_load:
-        _activate(job, plan, ctx)
+    # With a post-training gate, activation waits for the gate's verdict (gate_actions.py).
+    if plan.auto_load and not plan.gated:
+        activate(job, plan.adapter_name, ctx)
 
 
-def _activate(job: TrainJob, plan: TrainingPlan, ctx: JobContext) -> None:
+def activate(job: TrainJob, name: str, ctx: JobContext) -> None:
+    """Make `name` the server default (hot swap); the outcome goes to job.activated / activation_error."""
     if ctx.active is None:
         job.activated, job.activation_error = False, "this server has no active-adapter holder"
         return
     try:
-        ctx.active.load(plan.adapter_name, model_spec_for(ctx.engine))
-        job.activated = True
+        ctx.active.load(name, model_spec_for(ctx.engine))
+        job.activated, job.activation_error = True, None
     except KilnError as e:
-        log.warning("training job %s: auto_load of %s failed: %s", job.job_id, plan.adapter_name, e.message)
+        log.warning("training job %s: activating %s failed: %s", job.job_id, name, e.message)
         job.activated, job.activation_error = False, e.message

@@ -1,8 +1,10 @@
 """A training job's record: what was asked, where it stands, and what it produced (semantics.md §12.1).
 
 The record is what GET /v1/train/status[/{id}] and /v1/train/jobs/{id} show and what the job store
-persists. `post_eval`, `gate_outcome`, `post_eval_verdict`, `post_eval_gate_evidence` and
-`linked_eval_job_ids` are reserved for the post-training eval gate (§8.14) and stay empty until it runs.
+persists. `post_eval` (the effective request block), `gate_outcome` (pending while the eval runs, then
+promoted | kept | regression | demoted | inconclusive | error), `post_eval_verdict` (prose),
+`post_eval_gate_evidence` (every number of the decision) and `linked_eval_job_ids` record the
+post-training eval gate (§8.14); they stay empty for a job without post_eval.
 """
 
 from __future__ import annotations
@@ -82,9 +84,11 @@ class TrainJob:
             out["error"] = self.error
         if self.cancel_requested and not self.terminal:
             out["cancel_requested"] = True
-        for key in ("activated", "activation_error", "gate_outcome", "post_eval_verdict"):
+        for key in ("activated", "activation_error", "gate_outcome", "post_eval_verdict", "post_eval_gate_evidence"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.linked_eval_job_ids:
+            out["linked_eval_job_ids"] = list(self.linked_eval_job_ids)
         return out
 
     def detail(self) -> dict[str, Any]:

@@ -3,6 +3,12 @@
 Jobs run one at a time, in submission order, in a daemon thread beside the serving actor. Queue
 caps answer 503 with Retry-After 30 (semantics.md §12.2). A running job is cancelled at its next step
 boundary; a queued one leaves the queue at once. Every state change is persisted atomically.
+
+Post-training gate (§8.14): a job with `post_eval` ends "completed" when its adapter is saved; a gated
+one then shows gate_outcome "pending" while its eval job (queued through `eval_link`) runs, and the
+eval manager's terminal-state listener (`on_eval_finished`) resolves the gate on a thread of its own,
+so the training queue never waits for an eval. A gated job's webhook fires once the gate resolved.
+A gate still pending at startup can never resolve: it is recorded as an error (fail closed).
 """
 
 from __future__ import annotations
@@ -15,9 +21,20 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.errors import KilnError
+from kiln.evals.jobs import EvalJob
 from kiln.store.clock import utc_now_rfc3339
 from kiln.train.errors import job_not_found
+from kiln.train.eval_link import EvalLink, build_eval_job
 from kiln.train.executor import JobContext, execute
+from kiln.train.gate_actions import (
+    PENDING,
+    interrupted,
+    is_gated,
+    mark_pending,
+    report,
+    resolve_gate,
+    submission_failed,
+)
 from kiln.train.job_store import TrainJobStore
 from kiln.train.jobs import CANCELLED, COMPLETED, FAILED, QUEUED, RUNNING, TrainJob
 from kiln.train.loop import Cancelled
@@ -35,7 +52,7 @@ class TrainingManager:
     def __init__(self, store: TrainJobStore, context: Callable[[], JobContext], *, max_queued_jobs: int = 8,
                  max_tracked_jobs: int = 256, webhook_url: str | None = None,
                  send_webhook: Callable[[str, dict[str, Any]], dict[str, Any]] = deliver,
-                 run: Callable[..., None] = execute) -> None:
+                 run: Callable[..., None] = execute, eval_link: EvalLink | None = None) -> None:
         self.store = store
         self.context = context
         self.max_queued_jobs = max_queued_jobs
@@ -43,6 +60,7 @@ class TrainingManager:
         self.webhook_url = webhook_url
         self.send_webhook = send_webhook
         self.run = run
+        self.eval_link = eval_link
         self._cond = threading.Condition()
         self._jobs: dict[str, TrainJob] = {}
         self._plans: dict[str, TrainingPlan] = {}
@@ -57,6 +75,9 @@ class TrainingManager:
         with self._cond:
             for job in jobs:
                 self._jobs[job.job_id] = job
+                if job.gate_outcome == PENDING:
+                    interrupted(job)
+                    self.store.save(job)
         return len(jobs)
 
     def close(self) -> None:
@@ -88,7 +109,7 @@ class TrainingManager:
 
     def _evict_finished(self) -> bool:
         for job_id, job in self._jobs.items():  # oldest first (insertion order)
-            if job.terminal:
+            if job.terminal and job.gate_outcome != PENDING:
                 del self._jobs[job_id]
                 self.store.delete(job_id)
                 return True
@@ -96,8 +117,9 @@ class TrainingManager:
 
     def _check_name_free(self, plan: TrainingPlan) -> None:
         # Two unfinished jobs writing one adapter would race; the later one is refused up front.
+        # A pending gate still owns its adapter: retraining it now would change what the gate promotes.
         for other in self._jobs.values():
-            if not other.terminal and other.adapter_name == plan.adapter_name:
+            if (not other.terminal or other.gate_outcome == PENDING) and other.adapter_name == plan.adapter_name:
                 raise KilnError(409, "adapter_already_exists",
                                 f"training job {other.job_id} is already producing adapter {plan.adapter_name!r}",
                                 param="config.output_name", hint="Pick another output_name or wait for that job.")
@@ -106,7 +128,8 @@ class TrainingManager:
         job = TrainJob(job_id=plan.job_id, job_type=plan.job_type, adapter_name=plan.adapter_name,
                        config=plan.config, training_data={**plan.data.provenance(), **plan.stats},
                        submitted_at=utc_now_rfc3339(), base_adapter=plan.lora.base_adapter,
-                       total_steps=plan.loop.total_steps(len(plan.work.items)), webhook_url=plan.webhook_url)
+                       total_steps=plan.loop.total_steps(len(plan.work.items)), webhook_url=plan.webhook_url,
+                       post_eval=plan.post_eval.settings if plan.post_eval is not None else None)
         with self._cond:
             if self._closed:
                 raise KilnError(503, "server_shutting_down", "the server is shutting down", headers=RETRY_AFTER)
@@ -241,10 +264,71 @@ class TrainingManager:
             log.exception("training job %s failed", job.job_id)
         job.elapsed_secs = round(time.perf_counter() - t0, 3)
         job.finished_at = utc_now_rfc3339()
+        post_eval = job.state == COMPLETED and plan.post_eval is not None
+        if post_eval and plan.gated:
+            mark_pending(job)
         self.store.save(job)
         log.info("training job %s %s after %.1fs (adapter %s)", job.job_id, job.state, job.elapsed_secs,
                  job.adapter_name)
-        self._notify_webhook(job)
+        if post_eval:
+            self._start_post_eval(job, plan)
+        if not (post_eval and plan.gated):
+            self._notify_webhook(job)
+
+    # -- the post-training eval and its gate -----------------------------------------------------------
+    def _start_post_eval(self, job: TrainJob, plan: TrainingPlan) -> None:
+        assert plan.post_eval is not None
+        try:
+            if self.eval_link is None:
+                raise KilnError(503, "eval_registry_unavailable", "this server runs no eval jobs")
+            active = getattr(self.context().active, "name", None)
+            # Baseline: the adapter served before this one (§8.14), else the base model.
+            baseline = active if active != job.adapter_name else None
+            eval_job = self.eval_link.submit(build_eval_job(plan.post_eval, job.adapter_name, job.job_id, baseline))
+        except Exception as e:  # noqa: BLE001 - any failure to queue fails the gate closed
+            log.warning("training job %s: post-training eval not queued: %s", job.job_id, e)
+            with self._cond:
+                submission_failed(job, e)
+                self.store.save(job)
+            if plan.gated:
+                self._notify_webhook(job)
+            return
+        with self._cond:
+            if eval_job.job_id not in job.linked_eval_job_ids:
+                job.linked_eval_job_ids.append(eval_job.job_id)
+            self.store.save(job)
+        log.info("training job %s: post-training eval job %s queued (baseline %s)", job.job_id, eval_job.job_id,
+                 baseline or "<base>")
+
+    def on_eval_finished(self, eval_job: EvalJob) -> None:
+        """The eval manager's terminal-state listener (on the event loop): resolve off the loop."""
+        if eval_job.submission_kind != "post_training" or not eval_job.source_training_job_id:
+            return
+        with self._cond:
+            job = self._jobs.get(eval_job.source_training_job_id)
+        if job is None:
+            return
+        threading.Thread(target=self.resolve_post_eval, args=(job, eval_job), name="kiln-train-gate",
+                         daemon=True).start()
+
+    def resolve_post_eval(self, job: TrainJob, eval_job: EvalJob) -> None:
+        """Record the eval's outcome on its training job: the gate (and its action) or a report."""
+        gated = is_gated(job)
+        if gated and job.gate_outcome != PENDING:
+            return  # already resolved (or failed closed at startup)
+        if gated:
+            resolve_gate(job, eval_job, self.context)
+        else:
+            report(job, eval_job)
+        with self._cond:
+            if eval_job.job_id not in job.linked_eval_job_ids:
+                job.linked_eval_job_ids.append(eval_job.job_id)
+            if self._jobs.get(job.job_id) is job:
+                self.store.save(job)
+        log.info("training job %s: post-training eval %s -> %s", job.job_id, eval_job.job_id,
+                 job.gate_outcome or "report")
+        if gated:
+            self._notify_webhook(job)
 
     def _notify_webhook(self, job: TrainJob) -> None:
         url = job.webhook_url or self.webhook_url

@@ -14,6 +14,7 @@ from kiln.model.lora import MODULES
 from kiln.train.errors import invalid
 from kiln.train.grpo import GrpoWork, prepare_grpo
 from kiln.train.loop import LoopConfig
+from kiln.train.post_eval import PostEvalPlan, plan_post_eval
 from kiln.train.requests import CommonConfig, GrpoRequest, SftRequest
 from kiln.train.rewards import scorer_reward_fn
 from kiln.train.sft import SftWork, prepare_sft
@@ -47,26 +48,32 @@ class TrainingPlan:
     data: TrainingData
     config: dict[str, Any]
     stats: dict[str, Any] = field(default_factory=dict)
+    post_eval: PostEvalPlan | None = None
+
+    @property
+    def gated(self) -> bool:
+        """A post-training gate decides activation; auto_load waits for it (semantics.md §12.2)."""
+        return self.post_eval is not None and self.post_eval.gated
 
 
 def new_job_id() -> str:
     return "train-" + uuid.uuid4().hex[:16]
 
 
-def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any) -> TrainingPlan:
-    req.check_post_eval()
+def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("sft", req.examples, req.dataset, req.dataset_split, req.dataset_path, datasets)
+    post_eval = plan_post_eval(req.post_eval, cfg, data, suites, adapters)
     seqs = prepare_sft(data.rows, data.labels, engine.template, engine.tokenizer, cfg.max_seq_len)
     stats = {"sequences": len(seqs), "trained_tokens_per_epoch": sum(s.num_trained for s in seqs),
              "truncated": sum(s.truncated for s in seqs)}
-    return _plan("sft", cfg, SftWork(seqs), data, adapters, stats)
+    return _plan("sft", cfg, SftWork(seqs), data, adapters, stats, post_eval=post_eval)
 
 
-def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any) -> TrainingPlan:
-    req.check_post_eval()
+def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("grpo", req.groups, req.dataset, req.dataset_split, req.dataset_path, datasets)
+    post_eval = plan_post_eval(req.post_eval, cfg, data, suites, adapters)
     reward_fn = scorer_reward_fn(req.reward_scorer.model_dump()) if req.reward_scorer else None
     prepared = prepare_grpo(data.rows, data.labels, engine.template, engine.tokenizer, cfg.max_seq_len, reward_fn)
     stats = {"groups": len(prepared.groups), "skipped_zero_variance_groups": len(prepared.skipped),
@@ -77,11 +84,11 @@ def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any) -> Tr
     if req.reward_scorer is not None:
         stats["reward_scorer"] = req.reward_scorer.model_dump()
     work = GrpoWork(prepared.groups, clip_eps=cfg.clip_epsilon, kl_coeff=cfg.kl_coeff, kl_estimator=cfg.kl_estimator)
-    return _plan("grpo", cfg, work, data, adapters, stats, updates_per_step=cfg.updates_per_step)
+    return _plan("grpo", cfg, work, data, adapters, stats, updates_per_step=cfg.updates_per_step, post_eval=post_eval)
 
 
 def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork, data: TrainingData, adapters: Any,
-          stats: dict[str, Any], *, updates_per_step: int = 1) -> TrainingPlan:
+          stats: dict[str, Any], *, updates_per_step: int = 1, post_eval: PostEvalPlan | None = None) -> TrainingPlan:
     job_id = new_job_id()
     lora = _lora_start(cfg, adapters)
     name = _adapter_name(job_type, job_id, cfg, adapters)
@@ -92,7 +99,7 @@ def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork, data: Trai
     config.update({"output_name": name, "lora_rank": lora.rank, "lora_alpha": lora.alpha,
                    "target_modules": lora.target_modules})
     return TrainingPlan(job_id, job_type, name, cfg.overwrite or name == cfg.base_adapter, cfg.auto_load,
-                        cfg.webhook_url, work, loop, lora, data, config, stats)
+                        cfg.webhook_url, work, loop, lora, data, config, stats, post_eval)
 
 
 def _adapter_name(job_type: str, job_id: str, cfg: CommonConfig, adapters: Any) -> str:

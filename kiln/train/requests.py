@@ -11,7 +11,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.model.lora import MODULES
-from kiln.train.errors import invalid
 
 
 class _Strict(BaseModel):
@@ -68,17 +67,24 @@ class GrpoConfig(CommonConfig):
     updates_per_step: int = Field(1, ge=1, le=64)   # optimizer updates per batch (mu); >1 makes the clip bite
 
 
+class PostEvalRequest(_Strict):
+    """The post-training eval and its gate (semantics.md §8.14); checked further in post_eval.py."""
+
+    suite: str                                           # a registered eval suite
+    data_scope: Literal["held-out", "train-set-eval"] = "held-out"
+    generation: dict[str, Any] | None = None             # run-level override, as in POST /v1/eval/run
+    min_accuracy: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    relative_recovery: float | None = Field(None, allow_inf_nan=False)
+    absolute_gain: float | None = Field(None, allow_inf_nan=False)
+    auto_load_on_pass: bool | None = None                # None: config.auto_load (default true)
+    include_baseline: bool = False
+
+
 class _Sourced(_Strict):
     dataset: str | None = None
     dataset_split: str | None = None
     dataset_path: str | None = None
-    # The post-training eval gate (semantics.md §8.14) is not wired yet; refuse it rather than ignore it.
-    post_eval: Any = None
-
-    def check_post_eval(self) -> None:
-        if self.post_eval is not None:
-            raise invalid("post_eval is not supported by this server yet", param="post_eval",
-                          hint="Drop post_eval and run POST /v1/eval/run against the new adapter.")
+    post_eval: PostEvalRequest | None = None
 
 
 class SftRequest(_Sourced):

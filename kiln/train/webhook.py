@@ -18,7 +18,7 @@ TIMEOUT_SECS = 5.0
 
 
 def webhook_payload(job: TrainJob) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "job_id": job.job_id,
         "job_type": job.job_type,
         "status": job.state,
@@ -27,6 +27,9 @@ def webhook_payload(job: TrainJob) -> dict[str, Any]:
         "error": job.error,
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
+    if job.gate_outcome is not None:  # a gated job's webhook waits for the gate (§8.14)
+        out["gate_outcome"] = job.gate_outcome
+    return out
 
 
 def deliver(url: str, payload: dict[str, Any], *, timeout: float = TIMEOUT_SECS,

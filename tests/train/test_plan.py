@@ -70,11 +70,6 @@ def test_unknown_config_keys_are_refused():
     assert err.param == "config.learnign_rate"
 
 
-def test_post_eval_is_refused_until_the_gate_exists(engine_view, adapters):
-    err = rejected(sft, {"examples": [GOOD], "post_eval": {"suite": "s"}}, engine_view, adapters)
-    assert err.param == "post_eval"
-
-
 def test_no_trained_token_within_max_seq_len_is_a_400(engine_view, adapters):
     err = rejected(sft, {"examples": [GOOD], "config": {"max_seq_len": 8}}, engine_view, adapters)
     assert err.param == "examples[0].messages" and "max_seq_len" in err.message

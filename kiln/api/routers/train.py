@@ -2,12 +2,15 @@
 
 Services (built by `init` unless a test put its own first):
   state.services["training"]   TrainingManager (records under <data_dir>/train/jobs)
-Also used: state.services["adapter_store"], ["adapters_active"] (the adapter routes build them) and
-["datasets"] (the dataset routes build it).
+Also used: state.services["adapter_store"], ["adapters_active"] (the adapter routes build them),
+["datasets"] (the dataset routes build it), and ["eval_suites"] / ["eval_jobs"] (the eval routes build
+them; registered first) for `post_eval`: the training manager queues post-training eval jobs through
+the eval job manager and listens for their end to resolve the gate (semantics.md §8.14).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,6 +24,7 @@ from kiln.api.errors import parse_model, read_json_body
 from kiln.api.state import ServerState, get_state
 from kiln.errors import KilnError
 from kiln.train.errors import CODE, PREFIX
+from kiln.train.eval_link import EvalLink
 from kiln.train.executor import JobContext
 from kiln.train.job_store import TrainJobStore, job_root
 from kiln.train.manager import TrainingManager
@@ -53,10 +57,14 @@ def init(state: ServerState) -> None:
     store = state.services.setdefault("adapter_store", AdapterStore(state.settings.adapter_dir))
     state.services.setdefault("adapters_active", ActiveAdapter(store))
     training = state.settings.training
+    eval_jobs = state.services.get("eval_jobs")
     manager = TrainingManager(TrainJobStore(job_root(state.settings.data.data_dir)), _context(state),
                               max_queued_jobs=training.max_queued_jobs, max_tracked_jobs=training.max_tracked_jobs,
-                              webhook_url=getattr(training, "webhook_url", None))
+                              webhook_url=getattr(training, "webhook_url", None),
+                              eval_link=EvalLink(eval_jobs) if eval_jobs is not None else None)
     manager.load_archived()
+    if eval_jobs is not None:
+        eval_jobs.listeners.append(manager.on_eval_finished)
     state.services[SERVICE] = manager
 
 
@@ -85,7 +93,9 @@ async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResp
         raise _model_loading()
     manager.check_capacity()
     plan: TrainingPlan = await run_in_threadpool(planner, req, engine, state.services["adapter_store"],
-                                                 state.services.get("datasets"))
+                                                 state.services.get("datasets"), state.services.get("eval_suites"))
+    if plan.post_eval is not None and manager.eval_link is not None:
+        manager.eval_link.bind_loop(asyncio.get_running_loop())  # where the eval manager runs
     job = manager.submit(plan)
     what = f"{len(plan.work.items)} {'examples' if plan.job_type == 'sft' else 'groups'}"
     # "queued" is the state at submission (§12.1); the worker may already have picked the job up.
