@@ -11,8 +11,11 @@
 
 #include "lora_bgmv.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -97,6 +100,35 @@ KILN_LORA_AVX512 void row_avx512(const float* x, const float* a, const float* b,
   }
 }
 
+// bf16 -> f32 is exact (a 16-bit shift); f32 -> bf16 rounds to nearest even like c10::BFloat16.
+KILN_LORA_AVX512 void bf16_to_f32_avx512(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+  }
+  for (; i < n; ++i) {
+    const uint32_t w = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &w, 4);
+  }
+}
+
+KILN_LORA_AVX512 void add_to_bf16_avx512(uint16_t* out, const float* d, int64_t n) {
+  int64_t i = 0;
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF), qnan = _mm512_set1_epi32(0x7FC0);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + i)));
+    const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), _mm512_loadu_ps(d + i));
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+  }
+  auto* o = reinterpret_cast<c10::BFloat16*>(out);
+  for (; i < n; ++i) o[i] = static_cast<c10::BFloat16>(static_cast<float>(o[i]) + d[i]);
+}
+
 KILN_LORA_AVX2 void row_avx2(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N,
                              float* xa, float* d) {
   const int64_t k8 = K & ~int64_t(7);
@@ -176,30 +208,49 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [slot](int64_t i, int64_t j) { return slot[i] < slot[j]; });
 
-  std::vector<float> xrow(K), xa(R), d(N);
   const float* af = a.data_ptr<float>();
   const float* bf = b.data_ptr<float>();
-  for (int64_t i : order) {
-    const int64_t s = slot[i];
-    if (s <= 0) continue;
-    TORCH_CHECK_VALUE(s < S, "kiln lora_bgmv: slot ", s, " is outside the bank's ", S, " slots");
-    const float* xr;
-    if (x_type == torch::kFloat32) {
-      xr = x.data_ptr<float>() + i * x.stride(0);
-    } else {
-      const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>() + i * x.stride(0);
-      for (int64_t k = 0; k < K; ++k) xrow[k] = static_cast<float>(xb[k]);
-      xr = xrow.data();
+  for (int64_t i = 0; i < rows; ++i)
+    TORCH_CHECK_VALUE(slot[i] < S, "kiln lora_bgmv: slot ", slot[i], " is outside the bank's ", S, " slots");
+  // Contiguous runs of the slot-sorted rows per thread: an adapter's factors mostly stay with one core.
+  const int64_t grain = std::max<int64_t>(1, rows / std::max(1, at::get_num_threads()));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> xrow(K), xa(R), d(N);
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t i = order[j];
+      const int64_t s = slot[i];
+      if (s <= 0) continue;
+      const float* xr;
+      if (x_type == torch::kFloat32) {
+        xr = x.data_ptr<float>() + i * x.stride(0);
+      } else {
+        const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>() + i * x.stride(0);
+#ifdef KILN_LORA_X86
+        if (use == LORA_AVX512) {
+          bf16_to_f32_avx512(reinterpret_cast<const uint16_t*>(xb), xrow.data(), K);
+        } else
+#endif
+        {
+          for (int64_t k = 0; k < K; ++k) xrow[k] = static_cast<float>(xb[k]);
+        }
+        xr = xrow.data();
+      }
+      lora_row(use, xr, af + s * R * K, bf + s * R * N, R, K, N, xa.data(), d.data());
+      if (out_type == torch::kFloat32) {
+        float* o = out.data_ptr<float>() + i * out.stride(0);
+        for (int64_t n = 0; n < N; ++n) o[n] += d[n];
+      } else {
+        c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + i * out.stride(0);
+#ifdef KILN_LORA_X86
+        if (use == LORA_AVX512) {
+          add_to_bf16_avx512(reinterpret_cast<uint16_t*>(o), d.data(), N);
+          continue;
+        }
+#endif
+        for (int64_t n = 0; n < N; ++n) o[n] = static_cast<c10::BFloat16>(static_cast<float>(o[n]) + d[n]);
+      }
     }
-    lora_row(use, xr, af + s * R * K, bf + s * R * N, R, K, N, xa.data(), d.data());
-    if (out_type == torch::kFloat32) {
-      float* o = out.data_ptr<float>() + i * out.stride(0);
-      for (int64_t n = 0; n < N; ++n) o[n] += d[n];
-    } else {
-      c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + i * out.stride(0);
-      for (int64_t n = 0; n < N; ++n) o[n] = static_cast<c10::BFloat16>(static_cast<float>(o[n]) + d[n]);
-    }
-  }
+  });
 }
 
 }  // namespace kiln
