@@ -4,38 +4,35 @@
 uploaded dataset split; `--server-path PATH` names a JSONL file on the server's own disk. `grpo` takes
 the same sources with rows of {messages, completions: [{text, reward}]}. Submitting follows the job
 with a progress bar and the loss until it ends (Ctrl-C cancels it); `status --follow` does the same
-for a job already running.
+for a job already running. `--post-eval-suite` adds a post-training eval (semantics.md §8.14): following
+then waits while its gate is pending and prints the outcome and verdict (train_follow.py).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
-
-POLL_SECONDS = 0.5
-TERMINAL = ("completed", "failed", "cancelled")
+from kiln.commands.train_follow import EXIT_HELP, TERMINAL, follow, report
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train LoRA adapters on the server (SFT, GRPO) and follow the jobs")
     cmds = p.add_subparsers(dest="train_command", metavar="ACTION", required=True)
 
-    sft = cmds.add_parser("sft", help="supervised fine-tuning on chat conversations")
+    sft = cmds.add_parser("sft", help="supervised fine-tuning on chat conversations", epilog=EXIT_HELP)
     _source_args(sft, "JSONL of {\"messages\": [...]} conversations")
     _common_args(sft)
     sft.set_defaults(func=lambda a: run_client_command(_submit_sft, a))
 
-    grpo = cmds.add_parser("grpo", help="GRPO on groups of scored completions")
+    grpo = cmds.add_parser("grpo", help="GRPO on groups of scored completions", epilog=EXIT_HELP)
     _source_args(grpo, "JSONL of {\"messages\": [...], \"completions\": [{\"text\", \"reward\"}]} groups")
     _common_args(grpo)
     grpo.add_argument("--kl-coeff", type=float, help="KL penalty coefficient (default 0.1)")
@@ -46,9 +43,11 @@ def register(sub) -> None:
     grpo.add_argument("--target", help="with --reward-scorer: the target for groups without their own")
     grpo.set_defaults(func=lambda a: run_client_command(_submit_grpo, a))
 
-    status = cmds.add_parser("status", help="list training jobs, or show / follow one")
+    status = cmds.add_parser("status", help="list training jobs, or show / follow one", epilog="with --follow, " + EXIT_HELP)
     status.add_argument("job_id", nargs="?", help="a job id (default: all jobs; with --follow the running one)")
-    status.add_argument("--follow", "-f", action="store_true", help="follow the job with a progress bar until it ends")
+    status.add_argument("--follow", "-f", action="store_true",
+                        help="follow the job with a progress bar until it ends and its post-training gate decides")
+    _require_pass_arg(status)
     status.add_argument("--json", action="store_true")
     add_url_argument(status)
     status.set_defaults(func=lambda a: run_client_command(_status, a))
@@ -88,7 +87,36 @@ def _common_args(p) -> None:
     p.add_argument("--webhook-url", help="POST the job's terminal state here")
     p.add_argument("--no-follow", action="store_true", help="submit and print the job id without waiting")
     p.add_argument("--json", action="store_true", help="print the final job detail as JSON")
+    _require_pass_arg(p)
+    _post_eval_args(p)
     add_url_argument(p)
+
+
+def _require_pass_arg(p) -> None:
+    p.add_argument("--require-pass", action="store_true",
+                   help="exit 3 when the post-training gate decides regression, demoted or inconclusive")
+
+
+def _post_eval_args(p) -> None:
+    g = p.add_argument_group("post-training eval (the `post_eval` block)")
+    g.add_argument("--post-eval-suite", metavar="NAME",
+                   help="after training, run this registered eval suite on the new adapter (and the baseline)")
+    g.add_argument("--data-scope", choices=("held-out", "train-set-eval"),
+                   help="held-out (default): suite disjoint from the training rows, gates activation; "
+                        "train-set-eval: measures the training data, report only")
+    g.add_argument("--min-accuracy", type=float, metavar="F",
+                   help="gate: accuracy floor - demoted when surely below F, inconclusive when not surely above "
+                        "(Wilson bounds; default 0)")
+    g.add_argument("--relative-recovery", type=float, metavar="F",
+                   help="gate: pass only if candidate accuracy (lower bound) / baseline (upper bound) reaches F")
+    g.add_argument("--absolute-gain", type=float, metavar="F",
+                   help="gate: pass only if candidate accuracy (lower bound) - baseline (upper bound) reaches F")
+    g.add_argument("--include-baseline", action="store_true",
+                   help="also evaluate the baseline in a train-set-eval (a gated eval always does)")
+    g.add_argument("--no-auto-load-on-pass", action="store_true",
+                   help="leave a passing adapter on disk, not the server default (outcome \"kept\")")
+    g.add_argument("--post-eval-generation", metavar="JSON",
+                   help='generation override for the eval, e.g. \'{"max_tokens": 64}\'')
 
 
 _CONFIG_KEYS = ("output_name", "base_adapter", "overwrite", "lora_rank", "lora_alpha", "learning_rate", "epochs",
@@ -134,7 +162,37 @@ def build_body(args, inline_key: str) -> dict[str, Any]:
         except ValueError as e:
             raise ServerError(0, f"--reward-scorer is not valid JSON: {e}") from None
         body["reward_scorer"] = {"scorer": scorer, **({"target": args.target} if args.target else {})}
+    post_eval = build_post_eval(args)
+    if post_eval is not None:
+        body["post_eval"] = post_eval
     return body
+
+
+_POST_EVAL_VALUES = ("data_scope", "min_accuracy", "relative_recovery", "absolute_gain")  # flag dest == field
+
+
+def build_post_eval(args) -> dict[str, Any] | None:
+    """The request's `post_eval` block from the --post-eval-* and gate flags; None without a suite."""
+    given = [k for k in _POST_EVAL_VALUES if getattr(args, k, None) is not None]
+    given += [k for k in ("include_baseline", "no_auto_load_on_pass", "post_eval_generation") if getattr(args, k, None)]
+    suite = getattr(args, "post_eval_suite", None)
+    if suite is None:
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ServerError(0, f"{flags} need(s) --post-eval-suite NAME")
+        return None
+    block: dict[str, Any] = {"suite": suite}
+    block.update({k: getattr(args, k) for k in _POST_EVAL_VALUES if getattr(args, k) is not None})
+    if args.include_baseline:
+        block["include_baseline"] = True
+    if args.no_auto_load_on_pass:
+        block["auto_load_on_pass"] = False
+    if args.post_eval_generation:
+        try:
+            block["generation"] = json.loads(args.post_eval_generation)
+        except ValueError as e:
+            raise ServerError(0, f"--post-eval-generation is not valid JSON: {e}") from None
+    return block
 
 
 def _submit_sft(client: ServerClient, args) -> int:
@@ -151,52 +209,7 @@ def _submit(client: ServerClient, args, path: str, body: dict[str, Any]) -> int:
     if args.no_follow:
         print(receipt["job_id"])
         return 0
-    return _report(follow(client, receipt["job_id"]), as_json=args.json, client=client)
-
-
-def follow(client: ServerClient, job_id: str) -> dict[str, Any]:
-    """Poll until the job ends, drawing progress and loss; Ctrl-C cancels it and keeps following."""
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]}"), TimeElapsedColumn())
-    cancelled = False
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(job_id, total=None, loss="-", speed="")
-        while True:
-            try:
-                status = client.get(f"/v1/train/status/{quote(job_id, safe='')}")
-                if status["state"] in TERMINAL:
-                    return status
-                loss = status.get("current_loss")
-                speed = status.get("tokens_per_sec")
-                progress.update(task, description=f"{status['adapter_name']} {status['state']}",
-                                total=status.get("total_steps") or None, completed=status.get("step", 0),
-                                loss="-" if loss is None else f"{loss:.4f}",
-                                speed="" if speed is None else f"{speed:.0f} tok/s")
-                time.sleep(POLL_SECONDS)
-            except KeyboardInterrupt:
-                if cancelled:
-                    raise
-                cancelled = True
-                console.print(f"cancelling {job_id} (Ctrl-C again to stop waiting)")
-                client.delete(f"/v1/train/jobs/{quote(job_id, safe='')}")
-
-
-def _report(status: dict[str, Any], *, as_json: bool, client: ServerClient) -> int:
-    if as_json:
-        print(json.dumps(client.get(f"/v1/train/jobs/{quote(status['job_id'], safe='')}"), indent=2))
-    else:
-        line = f"{status['job_id']}: {status['state']} - adapter {status['adapter_name']}"
-        if status.get("current_loss") is not None:
-            line += f", final loss {status['current_loss']:.4f}"
-        line += f", {status.get('elapsed_secs', 0):.1f}s"
-        if status.get("activated"):
-            line += " (now the server default)"
-        print(line)
-        for key in ("error", "activation_error"):
-            if status.get(key):
-                print(f"{key.replace('_', ' ')}: {status[key]}", file=sys.stderr)
-    return 0 if status["state"] == "completed" else 1
+    return report(follow(client, receipt["job_id"]), as_json=args.json, client=client, require_pass=args.require_pass)
 
 
 def _status(client: ServerClient, args) -> int:
@@ -205,7 +218,7 @@ def _status(client: ServerClient, args) -> int:
         if not job_id:
             print("no training job is running", file=sys.stderr)
             return 1
-        return _report(follow(client, job_id), as_json=args.json, client=client)
+        return report(follow(client, job_id), as_json=args.json, client=client, require_pass=args.require_pass)
     if args.job_id:
         status = client.get(f"/v1/train/status/{quote(args.job_id, safe='')}")
         print(json.dumps(status, indent=2))
@@ -214,11 +227,12 @@ def _status(client: ServerClient, args) -> int:
     if args.json:
         print(json.dumps(jobs, indent=2))
         return 0
-    table = Table("job", "type", "state", "progress", "loss", "adapter", "submitted")
+    table = Table("job", "type", "state", "progress", "loss", "adapter", "gate", "submitted")
     for j in jobs:
         loss = j.get("current_loss")
         table.add_row(j["job_id"], j["job_type"], j["state"], f"{100 * j['progress']:.0f}%",
-                      "-" if loss is None else f"{loss:.4f}", j["adapter_name"], j["submitted_at"])
+                      "-" if loss is None else f"{loss:.4f}", j["adapter_name"], j.get("gate_outcome") or "-",
+                      j["submitted_at"])
     Console().print(table)
     return 0
 
