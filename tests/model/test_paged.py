@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from kiln.model import kernels
+from kiln.model import transformer as transformer_module
 from kiln.model.kv_cache import KVCache, build_attention_metadata
 from kiln.model.loader import load_model
 from kiln.model.transformer import Transformer
@@ -11,6 +14,17 @@ from kiln.model.transformer import Transformer
 from .conftest import TinyModel
 
 BLOCK = 4
+
+
+@pytest.fixture(autouse=True, params=["kernels", "torch"])
+def serving_ops(request, monkeypatch):
+    """Every paged test runs on the C++ decode ops (norm, paged attention) and on the torch ops."""
+    if request.param == "kernels":
+        if kernels.load() is None:
+            pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    else:
+        monkeypatch.setattr(transformer_module, "cpu_kernels", lambda x: None)
+    return request.param
 
 
 def _step(model: Transformer, cache: KVCache, items: list[tuple[list[int], list[int], int]]) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The C++ kernels (quantized linear `qlinear.cpp`, batched LoRA `lora_bgmv.cpp`), compiled on first use and cached.
+"""The C++ kernels (quantized linear `qlinear.cpp`, batched LoRA `lora_bgmv.cpp`, fused decode ops
+`decode_ops.cpp`), compiled on first use and cached.
 
 Nothing is compiled at import: `load()` builds the extension the first time it is called (about a
 minute on two cores; later processes load the cached library from the torch extensions directory,
@@ -21,8 +22,8 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("qlinear.cpp")
-# The batched-LoRA kernel shares the library (one build, one cache entry).
-SOURCES = [SOURCE, Path(__file__).with_name("lora_bgmv.cpp")]
+# The batched-LoRA kernel and the fused decode ops share the library (one build, one cache entry).
+SOURCES = [SOURCE, Path(__file__).with_name("lora_bgmv.cpp"), Path(__file__).with_name("decode_ops.cpp")]
 EXTENSION_NAME = "kiln_qlinear"
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17"]
@@ -45,7 +46,7 @@ def load() -> ModuleType | None:
                 _module = _build()
             except Exception as exc:  # no compiler, no ninja, a broken toolchain: fall back to torch
                 _error = f"{type(exc).__name__}: {exc}"
-                log.warning("quantized-linear kernels unavailable, using the torch reference path (%s)", _error)
+                log.warning("C++ kernels unavailable, using the torch paths (%s)", _error)
     return _module
 
 
@@ -80,7 +81,7 @@ def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
     _put_ninja_on_path()
-    log.info("kiln: preparing quantized-linear kernels (compiled on first use, then cached)")
+    log.info("kiln: preparing the C++ kernels (compiled on first use, then cached)")
     start = time.perf_counter()
     module = cpp_extension.load(
         name=EXTENSION_NAME,
@@ -90,7 +91,7 @@ def _build() -> ModuleType:
         extra_ldflags=["-lpthread"],
         verbose=False,
     )
-    log.info("kiln: quantized-linear kernels ready in %.1f s", time.perf_counter() - start)
+    log.info("kiln: C++ kernels ready in %.1f s", time.perf_counter() - start)
     return module
 
 

@@ -20,6 +20,7 @@
 
 #include <torch/extension.h>
 
+#include "decode_ops.h"
 #include "lora_bgmv.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
 
@@ -678,5 +679,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa, "0 scalar, 1 avx2, 2 avx512-vnni");
   m.def("lora_bgmv_add", &kiln::lora_bgmv_add, "out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i] (decode LoRA)",
         py::arg("out"), py::arg("x"), py::arg("a"), py::arg("b"), py::arg("slots"), py::arg("isa") = -1,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &kiln::rms_norm, "F.rms_norm over the last dim of x [T, n]", py::arg("x"), py::arg("w"),
+        py::arg("eps"));
+  m.def("paged_decode_attention", &kiln::paged_decode_attention, "one query token per sequence over its paged context",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());
 }

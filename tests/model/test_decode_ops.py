@@ -1,0 +1,68 @@
+"""The fused decode ops (kernels/decode_ops.cpp) against torch's own norm and attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.model import kernels
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason=f"kernels unavailable: {kernels.load_error()}")
+
+
+@pytest.mark.parametrize("n", [576, 37, 1])
+def test_rms_norm_matches_torch_in_float32(n):
+    g = torch.Generator().manual_seed(n)
+    x, w = torch.randn(5, n, generator=g), torch.randn(n, generator=g)
+    got = kernels.load().rms_norm(x, w, 1e-5)
+    assert torch.allclose(got, F.rms_norm(x, (n,), w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_rounds_bfloat16_like_torch_within_one_ulp():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(4, 576, generator=g).bfloat16(), torch.randn(576, generator=g).bfloat16()
+    got, ref = kernels.load().rms_norm(x, w, 1e-6), F.rms_norm(x, (576,), w, 1e-6)
+    assert got.dtype == torch.bfloat16
+    # the normalised row is rounded to bfloat16 before the weight multiplies it, as F.rms_norm does
+    assert torch.allclose(got.float(), ref.float(), rtol=2 ** -7, atol=0)
+
+
+def test_rms_norm_reads_strided_rows():
+    x = torch.randn(3, 64)
+    w = torch.randn(32)
+    view = x[:, :32]   # row stride 64
+    assert torch.allclose(kernels.load().rms_norm(view, w, 1e-5), F.rms_norm(view, (32,), w, 1e-5), atol=1e-6)
+
+
+def _reference(q, k_cache, v_cache, slots, lens):
+    hkv, d = k_cache.shape[1], k_cache.shape[2]
+    rows = []
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        ck = k_cache[slots[b, :n]].transpose(0, 1).float()
+        cv = v_cache[slots[b, :n]].transpose(0, 1).float()
+        qg = q[b].float().view(hkv, -1, d)
+        rows.append(F.scaled_dot_product_attention(qg, ck, cv).reshape(-1))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 16), (8, 1, 8)])
+def test_paged_decode_attention_matches_sdpa_over_each_context(dtype, tol, heads, kv_heads, d):
+    g = torch.Generator().manual_seed(heads * d)
+    k_cache = torch.randn(300, kv_heads, d, generator=g).to(dtype)
+    v_cache = torch.randn(300, kv_heads, d, generator=g).to(dtype)
+    slots = torch.randint(0, 300, (4, 120), generator=g)
+    lens = torch.tensor([120, 33, 1, 64])     # padding past each length must be ignored
+    q = torch.randn(4, heads, d, generator=g).to(dtype)
+    got = kernels.load().paged_decode_attention(q, k_cache, v_cache, slots, lens, d ** -0.5)
+    assert got.shape == (4, heads * d) and got.dtype == dtype
+    assert torch.allclose(got.float(), _reference(q, k_cache, v_cache, slots, lens), atol=tol, rtol=tol)
+
+
+def test_paged_decode_attention_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        kernels.load().paged_decode_attention(torch.randn(2, 4, 8), torch.randn(10, 3, 8), torch.randn(10, 3, 8),
+                                              torch.zeros(2, 5, dtype=torch.long), torch.ones(2, dtype=torch.long),
+                                              1.0)
