@@ -11,6 +11,7 @@ at run time from cpuid, so a cached build never executes instructions the CPU la
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("qlinear.cpp")
 # The batched-LoRA kernel and the fused decode ops share the library (one build, one cache entry).
 SOURCES = [SOURCE, Path(__file__).with_name("lora_bgmv.cpp"), Path(__file__).with_name("decode_ops.cpp")]
-EXTENSION_NAME = "kiln_qlinear"
+HEADERS = [Path(__file__).with_name("lora_bgmv.h"), Path(__file__).with_name("decode_ops.h")]
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17"]
 ISA_LEVELS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
@@ -77,6 +78,16 @@ def best_isa() -> str | None:
     return next(name for name, value in ISA_LEVELS.items() if value == level)
 
 
+def extension_name() -> str:
+    """`kiln_kernels_<hash of the sources and flags>`: each version builds into its own cache
+    directory, so two checkouts (or an upgrade) never load each other's library."""
+    digest = hashlib.sha256()
+    for path in [*SOURCES, *HEADERS]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    return f"kiln_kernels_{digest.hexdigest()[:12]}"
+
+
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
@@ -84,7 +95,7 @@ def _build() -> ModuleType:
     log.info("kiln: preparing the C++ kernels (compiled on first use, then cached)")
     start = time.perf_counter()
     module = cpp_extension.load(
-        name=EXTENSION_NAME,
+        name=extension_name(),
         sources=[str(s) for s in SOURCES],
         extra_include_paths=[str(SOURCE.parent)],
         extra_cflags=CFLAGS,

@@ -3,12 +3,13 @@
 //   rms_norm(x, w, eps)          one pass per row instead of torch's pow/mean/add/rsqrt/mul chain
 //                                (about 50 us per call at decode sizes). Rounds like F.rms_norm: the
 //                                normalised row is cast to x's dtype before the weight multiplies it.
-//   paged_decode_attention(...)  one query token per sequence against its paged K/V context, read in
-//                                place through the slot table: no gather of the context, no padding
-//                                mask, softmax in float32. Grouped-query heads share one K/V head.
+//   paged_attention(...)         query tokens against their paged K/V context, read in place through
+//                                the slot table: no gather of the context, no padding or causal
+//                                mask (each token has its own length), softmax in float32. Decode
+//                                rows and prefill chunks over a cached prefix both use it.
 //
-// Both take float32 or bfloat16 tensors and accumulate in float32. Plain loops: the compiler
-// vectorises them for the baseline ISA, and the work per call is small.
+// Both take float32 or bfloat16 tensors and accumulate in float32. Attention has an AVX512 path
+// (chosen from cpuid, like qlinear.cpp) for head sizes that are multiples of 16.
 
 #include "decode_ops.h"
 
@@ -44,62 +45,139 @@ void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t n, int64_
   }
 }
 
-// out[g, :] = softmax(scale * q[g] . K[l]) @ V[l] over the context l < len, for the `groups` query
-// heads that share KV head `hk`. K/V rows live at cache[slot[l], hk, :].
-template <typename T>
-void attend(const T* q, const T* k_cache, const T* v_cache, const int64_t* slot, int64_t len, int64_t groups,
-            int64_t hk, int64_t hkv, int64_t d, float scale, T* out, std::vector<float>& scores,
-            std::vector<float>& qf, std::vector<float>& acc) {
-  scores.resize(static_cast<size_t>(len));
-  qf.resize(static_cast<size_t>(d));
-  acc.resize(static_cast<size_t>(d));
-  for (int64_t g = 0; g < groups; ++g) {
-    const T* qg = q + g * d;
-    for (int64_t i = 0; i < d; ++i) qf[i] = to_float(qg[i]) * scale;
-    float mx = -INFINITY;
-    for (int64_t l = 0; l < len; ++l) {
-      const T* kr = k_cache + (slot[l] * hkv + hk) * d;
-      float s = 0.f;
-      for (int64_t i = 0; i < d; ++i) s += qf[i] * to_float(kr[i]);
-      scores[l] = s;
-      mx = std::max(mx, s);
-    }
-    float sum = 0.f;
-    for (int64_t l = 0; l < len; ++l) {
-      scores[l] = std::exp(scores[l] - mx);
-      sum += scores[l];
-    }
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t l = 0; l < len; ++l) {
-      const T* vr = v_cache + (slot[l] * hkv + hk) * d;
-      const float p = scores[l];
-      for (int64_t i = 0; i < d; ++i) acc[i] += p * to_float(vr[i]);
-    }
-    const float inv = 1.f / sum;
-    T* og = out + g * d;
-    for (int64_t i = 0; i < d; ++i) og[i] = static_cast<T>(acc[i] * inv);
-  }
+// Row loads as float32 vectors: bf16 widens exactly (a 16-bit shift).
+inline const float* as_float_row(const float* src, int64_t, float*) { return src; }
+inline const float* as_float_row(const c10::BFloat16* src, int64_t d, float* buf) {
+  for (int64_t i = 0; i < d; ++i) buf[i] = static_cast<float>(src[i]);
+  return buf;
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+#define KILN_ATTN_X86 1
+#include <immintrin.h>
+#define KILN_ATTN_AVX512 __attribute__((target("avx512f,fma")))
+
+bool attn_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+KILN_ATTN_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+KILN_ATTN_AVX512 inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// D a multiple of 16 and at most 256: the query and the accumulator stay in registers' reach.
 template <typename T>
-void decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                      const torch::Tensor& slots, const torch::Tensor& lens, double scale, torch::Tensor& out) {
-  const int64_t bd = slots.size(0), lmax = slots.size(1);
+KILN_ATTN_AVX512 void attend_avx512(const float* qf, const T* k_cache, const T* v_cache, const int64_t* slot,
+                                    int64_t len, int64_t hk, int64_t hkv, int64_t d, float* scores, float* out) {
+  const int64_t nv = d / 16;
+  __m512 q[16];
+  for (int64_t v = 0; v < nv; ++v) q[v] = _mm512_loadu_ps(qf + 16 * v);
+  float mx = -INFINITY;
+  for (int64_t l = 0; l < len; ++l) {
+    const T* kr = k_cache + (slot[l] * hkv + hk) * d;
+    __m512 acc = _mm512_mul_ps(q[0], load16(kr));
+    for (int64_t v = 1; v < nv; ++v) acc = _mm512_fmadd_ps(q[v], load16(kr + 16 * v), acc);
+    const float s = _mm512_reduce_add_ps(acc);
+    scores[l] = s;
+    mx = s > mx ? s : mx;
+  }
+  float sum = 0.f;
+  for (int64_t l = 0; l < len; ++l) {
+    scores[l] = std::exp(scores[l] - mx);
+    sum += scores[l];
+  }
+  __m512 acc[16];
+  for (int64_t v = 0; v < nv; ++v) acc[v] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < len; ++l) {
+    const T* vr = v_cache + (slot[l] * hkv + hk) * d;
+    const __m512 p = _mm512_set1_ps(scores[l]);
+    for (int64_t v = 0; v < nv; ++v) acc[v] = _mm512_fmadd_ps(p, load16(vr + 16 * v), acc[v]);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / sum);
+  for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(acc[v], inv));
+}
+#endif
+
+template <typename T>
+void attend_scalar(const float* qf, const T* k_cache, const T* v_cache, const int64_t* slot, int64_t len,
+                   int64_t hk, int64_t hkv, int64_t d, float* scores, float* out, float* row) {
+  float mx = -INFINITY;
+  for (int64_t l = 0; l < len; ++l) {
+    const float* kr = as_float_row(k_cache + (slot[l] * hkv + hk) * d, d, row);
+    float s = 0.f;
+    for (int64_t i = 0; i < d; ++i) s += qf[i] * kr[i];
+    scores[l] = s;
+    mx = std::max(mx, s);
+  }
+  float sum = 0.f;
+  for (int64_t l = 0; l < len; ++l) {
+    scores[l] = std::exp(scores[l] - mx);
+    sum += scores[l];
+  }
+  std::fill(out, out + d, 0.f);
+  for (int64_t l = 0; l < len; ++l) {
+    const float* vr = as_float_row(v_cache + (slot[l] * hkv + hk) * d, d, row);
+    const float p = scores[l];
+    for (int64_t i = 0; i < d; ++i) out[i] += p * vr[i];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < d; ++i) out[i] *= inv;
+}
+
+// Query token t attends to positions 0..lens[t]-1 of slot row rows[t]: out[t, h] for every head h.
+// Tasks are (token, KV head); the query heads of a KV head reuse the K/V rows while they are in cache.
+template <typename T>
+void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                     const torch::Tensor& slots, const torch::Tensor& rows, const torch::Tensor& lens, double scale,
+                     torch::Tensor& out) {
+  const int64_t tokens = q.size(0), lmax = slots.size(1);
   const int64_t hkv = k_cache.size(1), d = k_cache.size(2), heads = q.size(1), groups = heads / hkv;
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
   const int64_t q_stride = q.stride(0);
-  at::parallel_for(0, bd * hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qf, acc;
+  const float sc = static_cast<float>(scale);
+#ifdef KILN_ATTN_X86
+  const bool vec = attn_avx512() && d % 16 == 0 && d <= 256;
+#else
+  const bool vec = false;
+#endif
+  at::parallel_for(0, tokens * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(lmax)), qf(static_cast<size_t>(d)), res(static_cast<size_t>(d)),
+        row(static_cast<size_t>(d));
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / hkv, hk = task % hkv;
-      const int64_t len = std::min(lp[b], lmax);
-      attend<T>(qp + b * q_stride + hk * groups * d, kp, vp, sp + b * lmax, len, groups, hk, hkv, d,
-                static_cast<float>(scale), op + (b * heads + hk * groups) * d, scores, qf, acc);
+      const int64_t t = task / hkv, hk = task % hkv;
+      const int64_t len = std::min(lp[t], lmax);
+      const int64_t* slot = sp + rp[t] * lmax;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t h = hk * groups + g;
+        const T* qh = qp + t * q_stride + h * d;
+        for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(qh[i]) * sc;
+        if (len <= 0) {
+          std::fill(res.begin(), res.end(), 0.f);
+        } else {
+#ifdef KILN_ATTN_X86
+          if (vec) {
+            attend_avx512<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data());
+          } else
+#endif
+          {
+            attend_scalar<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data(), row.data());
+          }
+        }
+        T* oh = op + (t * heads + h) * d;
+        for (int64_t i = 0; i < d; ++i) oh[i] = static_cast<T>(res[i]);
+      }
     }
   });
 }
@@ -127,29 +205,33 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
   return y;
 }
 
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache, const torch::Tensor& slots,
-                                     const torch::Tensor& lens, double scale) {
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                              const torch::Tensor& slots, const torch::Tensor& rows, const torch::Tensor& lens,
+                              double scale) {
   TORCH_CHECK_VALUE(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes() && slots.dim() == 2 &&
-                        lens.dim() == 1,
-                    "kiln paged_decode_attention: q [B, H, D], caches [N, Hkv, D], slots [B, L], lens [B]");
-  TORCH_CHECK_VALUE(q.size(0) == slots.size(0) && lens.size(0) == slots.size(0) && q.size(2) == k_cache.size(2) &&
+                        rows.dim() == 1 && lens.dim() == 1,
+                    "kiln paged_attention: q [T, H, D], caches [N, Hkv, D], slots [R, L], rows [T], lens [T]");
+  TORCH_CHECK_VALUE(rows.size(0) == q.size(0) && lens.size(0) == q.size(0) && q.size(2) == k_cache.size(2) &&
                         q.size(1) % k_cache.size(1) == 0,
-                    "kiln paged_decode_attention: shape mismatch");
+                    "kiln paged_attention: shape mismatch");
   TORCH_CHECK_VALUE(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
-                    "kiln paged_decode_attention: q and the caches must share a dtype");
+                    "kiln paged_attention: q and the caches must share a dtype");
   TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && slots.is_contiguous() &&
-                        lens.is_contiguous() && q.stride(2) == 1 && q.stride(1) == q.size(2),
-                    "kiln paged_decode_attention: contiguous caches, slots and per-token query rows");
-  TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && lens.scalar_type() == torch::kInt64,
-                    "kiln paged_decode_attention: int64 slots and lens");
+                        rows.is_contiguous() && lens.is_contiguous() && q.stride(2) == 1 && q.stride(1) == q.size(2),
+                    "kiln paged_attention: contiguous caches, slots and per-token query rows");
+  TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && rows.scalar_type() == torch::kInt64 &&
+                        lens.scalar_type() == torch::kInt64,
+                    "kiln paged_attention: int64 slots, rows and lens");
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  for (int64_t t = 0; t < rows.size(0); ++t)
+    TORCH_CHECK_VALUE(rp[t] >= 0 && rp[t] < slots.size(0), "kiln paged_attention: row ", rp[t], " out of range");
   auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   if (q.scalar_type() == torch::kFloat32) {
-    decode_attention<float>(q, k_cache, v_cache, slots, lens, scale, out);
+    paged_attention_impl<float>(q, k_cache, v_cache, slots, rows, lens, scale, out);
   } else if (q.scalar_type() == torch::kBFloat16) {
-    decode_attention<c10::BFloat16>(q, k_cache, v_cache, slots, lens, scale, out);
+    paged_attention_impl<c10::BFloat16>(q, k_cache, v_cache, slots, rows, lens, scale, out);
   } else {
-    TORCH_CHECK_VALUE(false, "kiln paged_decode_attention: float32 or bfloat16 only");
+    TORCH_CHECK_VALUE(false, "kiln paged_attention: float32 or bfloat16 only");
   }
   return out;
 }

@@ -682,7 +682,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &kiln::rms_norm, "F.rms_norm over the last dim of x [T, n]", py::arg("x"), py::arg("w"),
         py::arg("eps"));
-  m.def("paged_decode_attention", &kiln::paged_decode_attention, "one query token per sequence over its paged context",
-        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode and chunks)",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("rows"), py::arg("lens"),
+        py::arg("scale"), py::call_guard<py::gil_scoped_release>());
 }
