@@ -100,9 +100,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor, lora: LoraDelta | None = None,
+    def _qkv(self, x: Tensor, cos: Tensor | None, sin: Tensor | None, lora: LoraDelta | None = None,
              packed_ok: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]` with rotary applied."""
+        """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]`; rotary applied unless cos is None."""
         lead = x.shape[:-1]
         li = self.layer_idx
         q = project(self.q_proj, x, lora, li, "q_proj", packed_ok).view(*lead, self.num_heads, self.head_dim)
@@ -111,20 +111,27 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
+        if cos is None or sin is None:
+            return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx.lora, packed_ok=True)
         attn = ctx.attn
-        k_cache.index_copy_(0, attn.slot_mapping, k)
-        v_cache.index_copy_(0, attn.slot_mapping, v)
+        kern = ctx.kernels
+        if kern is not None and ctx.cos.dtype == k_cache.dtype:
+            q, k, v = self._qkv(x, None, None, ctx.lora, packed_ok=True)
+            # the kernels read q and the cache in one dtype (and no decode mask was built for torch)
+            q, k, v = (t.to(k_cache.dtype).contiguous() for t in (q, k, v))
+            kern.rope_and_cache(q, k, v, ctx.cos, ctx.sin, k_cache, v_cache, attn.slot_mapping)
+        else:
+            q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx.lora, packed_ok=True)
+            k_cache.index_copy_(0, attn.slot_mapping, k.to(k_cache.dtype))
+            v_cache.index_copy_(0, attn.slot_mapping, v.to(k_cache.dtype))
+            if kern is not None:
+                q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
         parts: list[Tensor] = []
         bd = attn.num_decode_tokens
-        kern = ctx.kernels
         scale = self.head_dim ** -0.5
-        if kern is not None and q.dtype != k_cache.dtype:
-            # the kernel reads q and the cache in one dtype (and no decode mask was built for torch)
-            q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
         if bd and kern is not None:
             # reads each context in place through the slot table: no gather, no padding mask
             parts.append(kern.paged_attention(q[:bd], k_cache, v_cache, attn.decode_context_slots, ctx.decode_rows,

@@ -87,3 +87,28 @@ def test_paged_attention_refuses_a_row_outside_the_slot_table():
         kernels.load().paged_attention(torch.randn(1, 4, 8), torch.randn(10, 2, 8), torch.randn(10, 2, 8),
                                        torch.zeros(1, 5, dtype=torch.long), torch.tensor([1]),
                                        torch.ones(1, dtype=torch.long), 1.0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rope_and_cache_rotates_q_and_k_like_apply_rope_and_stores_k_and_v(dtype, tol):
+    from kiln.model.rope import apply_rope
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, h, 16, generator=g).to(dtype) for h in (6, 2, 2))
+    cos = torch.randn(3, 1, 16, generator=g).to(dtype)
+    sin = torch.randn(3, 1, 16, generator=g).to(dtype)
+    want_q, want_k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache, v_cache = torch.zeros(10, 2, 16, dtype=dtype), torch.zeros(10, 2, 16, dtype=dtype)
+    slots = torch.tensor([7, 2, 9])
+    kernels.load().rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slots)
+    assert torch.allclose(q.float(), want_q.float(), atol=tol, rtol=tol)
+    assert torch.allclose(k.float(), want_k.float(), atol=tol, rtol=tol)
+    assert torch.equal(k_cache[slots], k) and torch.equal(v_cache[slots], v)
+    assert k_cache[[0, 1, 3, 4, 5, 6, 8]].abs().sum() == 0
+
+
+def test_rope_and_cache_refuses_a_slot_outside_the_cache():
+    q, k, v = torch.randn(1, 2, 4), torch.randn(1, 1, 4), torch.randn(1, 1, 4)
+    cos, sin = torch.randn(1, 1, 4), torch.randn(1, 1, 4)
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.load().rope_and_cache(q, k, v, cos, sin, torch.zeros(3, 1, 4), torch.zeros(3, 1, 4), torch.tensor([3]))

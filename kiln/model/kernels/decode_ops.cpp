@@ -8,7 +8,10 @@
 //                                mask (each token has its own length), softmax in float32. Decode
 //                                rows and prefill chunks over a cached prefix both use it.
 //
-// Both take float32 or bfloat16 tensors and accumulate in float32. Attention has an AVX512 path
+//   rope_and_cache(...)          rotary embedding in place on q and k, then k and v written to their
+//                                cache slots: one call instead of about a dozen small torch ops.
+//
+// All take float32 or bfloat16 tensors and accumulate in float32. Attention has an AVX512 path
 // (chosen from cpuid, like qlinear.cpp) for head sizes that are multiples of 16.
 
 #include "decode_ops.h"
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -182,9 +186,79 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
   });
 }
 
+// Rotary embedding in place on rows [T, H, D] (cos/sin_signed [T, D] per token, rotate-half form:
+// x*cos + roll(x, D/2)*sin_signed), rounded like torch's mul-then-addcmul.
+template <typename T>
+void rope_rows(T* x, int64_t tokens, int64_t heads, int64_t d, const T* cos, const T* sin, int64_t cs_stride,
+               std::vector<float>& buf) {
+  const int64_t half = d / 2;
+  buf.resize(static_cast<size_t>(d));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* c = cos + t * cs_stride;
+    const T* sn = sin + t * cs_stride;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* row = x + (t * heads + h) * d;
+      for (int64_t i = 0; i < d; ++i) buf[i] = static_cast<float>(row[i]);
+      for (int64_t i = 0; i < d; ++i) {
+        const float rolled = buf[i < half ? i + half : i - half];
+        const float xc = static_cast<float>(static_cast<T>(buf[i] * static_cast<float>(c[i])));
+        row[i] = static_cast<T>(xc + rolled * static_cast<float>(sn[i]));
+      }
+    }
+  }
+}
+
+template <typename T>
+void write_rows(const T* src, T* cache, const int64_t* slots, int64_t tokens, int64_t row) {
+  for (int64_t t = 0; t < tokens; ++t) std::memcpy(cache + slots[t] * row, src + t * row, sizeof(T) * row);
+}
+
 }  // namespace
 
 namespace kiln {
+
+void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const torch::Tensor& cos,
+                    const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
+                    const torch::Tensor& slot_mapping) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && k_cache.dim() == 3 &&
+                        v_cache.sizes() == k_cache.sizes() && k.size(1) == k_cache.size(1) &&
+                        k.size(2) == k_cache.size(2) && q.size(2) == k.size(2) && q.size(0) == k.size(0),
+                    "kiln rope_and_cache: q [T, H, D], k and v [T, Hkv, D], caches [N, Hkv, D]");
+  TORCH_CHECK_VALUE(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && k_cache.is_contiguous() &&
+                        v_cache.is_contiguous() && slot_mapping.is_contiguous(),
+                    "kiln rope_and_cache: contiguous tensors only");
+  const auto dt = q.scalar_type();
+  TORCH_CHECK_VALUE(k.scalar_type() == dt && v.scalar_type() == dt && k_cache.scalar_type() == dt &&
+                        v_cache.scalar_type() == dt && cos.scalar_type() == dt && sin.scalar_type() == dt,
+                    "kiln rope_and_cache: one dtype for q, k, v, the caches and the rotary tables");
+  const int64_t tokens = q.size(0), d = q.size(2);
+  TORCH_CHECK_VALUE(cos.numel() == tokens * d && sin.numel() == tokens * d && cos.is_contiguous() &&
+                        sin.is_contiguous() && d % 2 == 0,
+                    "kiln rope_and_cache: cos and sin hold one row of head_dim per token");
+  TORCH_CHECK_VALUE(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.numel() == tokens,
+                    "kiln rope_and_cache: one int64 slot per token");
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t n_slots = k_cache.size(0);
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK_VALUE(slots[t] >= 0 && slots[t] < n_slots, "kiln rope_and_cache: slot ", slots[t], " out of range");
+  const int64_t row = k.size(1) * d;
+  std::vector<float> buf;
+  if (dt == torch::kFloat32) {
+    rope_rows<float>(q.data_ptr<float>(), tokens, q.size(1), d, cos.data_ptr<float>(), sin.data_ptr<float>(), d, buf);
+    rope_rows<float>(k.data_ptr<float>(), tokens, k.size(1), d, cos.data_ptr<float>(), sin.data_ptr<float>(), d, buf);
+    write_rows<float>(k.data_ptr<float>(), k_cache.data_ptr<float>(), slots, tokens, row);
+    write_rows<float>(v.data_ptr<float>(), v_cache.data_ptr<float>(), slots, tokens, row);
+  } else if (dt == torch::kBFloat16) {
+    using B = c10::BFloat16;
+    rope_rows<B>(q.data_ptr<B>(), tokens, q.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
+    rope_rows<B>(k.data_ptr<B>(), tokens, k.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
+    write_rows<B>(k.data_ptr<B>(), k_cache.data_ptr<B>(), slots, tokens, row);
+    write_rows<B>(v.data_ptr<B>(), v_cache.data_ptr<B>(), slots, tokens, row);
+  } else {
+    TORCH_CHECK_VALUE(false, "kiln rope_and_cache: float32 or bfloat16 only");
+  }
+}
+
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 1 && x.size(1) == w.size(0) && x.stride(1) == 1 && w.is_contiguous(),

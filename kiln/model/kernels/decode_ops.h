@@ -15,4 +15,10 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
                               const torch::Tensor& slots, const torch::Tensor& rows, const torch::Tensor& lens,
                               double scale);
 
+// Rotary embedding in place on q [T, H, D] and k [T, Hkv, D] (cos, sin_signed: [T, D] rows, the
+// rotate-half form), then k and v stored at cache rows slot_mapping [T].
+void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const torch::Tensor& cos,
+                    const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
+                    const torch::Tensor& slot_mapping);
+
 }  // namespace kiln

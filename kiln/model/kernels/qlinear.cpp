@@ -682,6 +682,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &kiln::rms_norm, "F.rms_norm over the last dim of x [T, n]", py::arg("x"), py::arg("w"),
         py::arg("eps"));
+  m.def("rope_and_cache", &kiln::rope_and_cache, "rotary in place on q and k, then k and v into their cache slots",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode and chunks)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("rows"), py::arg("lens"),
         py::arg("scale"), py::call_guard<py::gil_scoped_release>());
