@@ -55,6 +55,9 @@ class EngineSettings:
     max_num_seqs: int = 64
     # Per-step token budget shared by decode tokens and prefill chunks.
     max_batch_tokens: int = 512
+    # While decodes share a step, prefill chunks get this many token-equivalents (a token deep in a
+    # long prompt costs more: core/prefill_cost.py), bounding the streams' inter-token gaps. 0 = off.
+    prefill_cost_with_decodes: int = 64
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     # Torch intra-op threads; 0 keeps torch's default.
@@ -210,5 +213,7 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"model.quantization: expected none|gguf|q8_0|q4_1, got {s.model.quantization!r}")
     if s.model.device not in {"auto", "cpu", "cuda"}:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
+    if s.engine.prefill_cost_with_decodes < 0:
+        raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
     if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:
         raise ConfigError("engine.block_size, max_batch_tokens and max_num_seqs must be positive")

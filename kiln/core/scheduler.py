@@ -8,6 +8,9 @@ Each step has a token budget (`max_batch_tokens`). Policy, in order:
 3. waiting sequences are admitted FIFO while budget, `max_num_seqs` and free blocks allow. A waiting
    sequence whose `wait_for` has not computed its prompt yet is passed over, so it can later share
    that prompt through the prefix cache instead of computing it a second time.
+When the step carries decodes, prefill chunks (2 and 3) also share `prefill_cost_with_decodes`
+(prefill_cost.py), which keeps the decoding streams' inter-token gaps bounded while a long prompt
+arrives; 0 turns that off.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kiln.core.block_manager import BlockManager
+from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
 from kiln.core.sequence import Sequence, SequenceStatus
 
 
@@ -42,7 +46,8 @@ def _arrival_key(seq: Sequence) -> tuple[float, int]:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_tokens: int,
+                 prefill_cost_with_decodes: int = 0) -> None:
         if max_num_seqs < 1 or max_batch_tokens < 1:
             raise ValueError(
                 f"need max_num_seqs >= 1 and max_batch_tokens >= 1, got {max_num_seqs}, {max_batch_tokens}"
@@ -50,6 +55,8 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
+        self.prefill_cost_with_decodes = max(0, prefill_cost_with_decodes)
+        self._cost_left: float | None = None   # this step's prefill price budget (None: unlimited)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -116,13 +123,16 @@ class Scheduler:
             scheduled.add(seq.seq_id)
             budget -= 1
 
+        self._cost_left = float(self.prefill_cost_with_decodes) if out.items and self.prefill_cost_with_decodes else None
         # 2. Running prefills continue before anything new is admitted.
         for seq in self.running:
             if budget == 0:
                 break
             if seq.seq_id in scheduled or seq.num_remaining < 2:
                 continue
-            chunk = min(seq.num_remaining, budget)
+            chunk = self._chunk(seq, budget, first=len(out.items) == len(scheduled))
+            if chunk == 0:
+                break
             self.block_manager.append(seq, chunk)  # no-op: allocate covered every token
             self._emit(out, seq, chunk)
             scheduled.add(seq.seq_id)
@@ -137,10 +147,24 @@ class Scheduler:
         out.num_batched_tokens = self.max_batch_tokens - budget
         return out
 
+    def _chunk(self, seq: Sequence, budget: int, first: bool) -> int:
+        """Tokens of `seq`'s prompt to feed now: the token budget, then this step's prefill price."""
+        n = min(seq.num_remaining, budget)
+        if self._cost_left is None:
+            return n
+        start = seq.num_computed_tokens
+        fit = tokens_within(start, n, self._cost_left)
+        if first:
+            fit = max(fit, min(n, MIN_CHUNK))   # a long prefix must still move forward
+        self._cost_left = max(0.0, self._cost_left - chunk_cost(start, fit))
+        return fit
+
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         for seq in list(self.waiting):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
+            if self._cost_left is not None and self._cost_left < 1 and any(i.num_new_tokens > 1 for i in out.items):
+                break  # this step's prefill price is spent
             if not self._dependency_ready(seq):
                 continue
             if not self.block_manager.can_allocate(seq):
@@ -149,7 +173,9 @@ class Scheduler:
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chunk = min(seq.num_remaining, budget)
+            chunk = self._chunk(seq, budget, first=not any(i.num_new_tokens > 1 for i in out.items))
+            if chunk == 0:
+                break   # admitted (blocks held); its prompt starts next step
             self._emit(out, seq, chunk)
             budget -= chunk
         return budget

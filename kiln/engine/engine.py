@@ -121,11 +121,12 @@ class LLMEngine:
     """The actor thread: schedule a step, run it, turn sampled tokens into choice events."""
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, *, block_size: int, num_blocks: int,
-                 max_num_seqs: int, max_batch_tokens: int, enable_prefix_caching: bool = True) -> None:
+                 max_num_seqs: int, max_batch_tokens: int, enable_prefix_caching: bool = True,
+                 prefill_cost_with_decodes: int = 0) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_batch_tokens)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_batch_tokens, prefill_cost_with_decodes)
         self.lora_slots = LoraSlots(runner.model)
         self._inbox: queue.Queue = queue.Queue()
         self._choices: dict[int, _Choice] = {}

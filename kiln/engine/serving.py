@@ -80,7 +80,8 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
                   "quantization": settings.model.quantization},
         "backend": backend,
         "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
-                   "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching},
+                   "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching,
+                   "prefill_cost_with_decodes": eng.prefill_cost_with_decodes},
         "server": {"eval_mode": srv.eval_mode, "default_thinking_enabled": srv.default_thinking_enabled,
                    **ServerBudgetDefaults.from_settings(srv).to_dict(),
                    "fold_reasoning_into_content": srv.fold_reasoning_into_content},
@@ -262,7 +263,8 @@ def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEn
     actor = LLMEngine(runner, tokenizer, block_size=block_size, num_blocks=num_blocks,
                       max_num_seqs=settings.engine.max_num_seqs,
                       max_batch_tokens=settings.engine.max_batch_tokens,
-                      enable_prefix_caching=settings.engine.enable_prefix_caching)
+                      enable_prefix_caching=settings.engine.enable_prefix_caching,
+                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes)
     info = ModelInfo(
         path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,
         format=weights.format, dtype=str(kv_dtype).removeprefix("torch."), device=str(device),

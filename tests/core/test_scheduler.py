@@ -60,9 +60,9 @@ def make_seq(seq_id, prompt, max_tokens=4, arrival=None, wait_for=None):
     )
 
 
-def make(num_blocks=64, max_num_seqs=8, max_batch_tokens=16, prefix=True):
+def make(num_blocks=64, max_num_seqs=8, max_batch_tokens=16, prefix=True, prefill_cost=0):
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=prefix)
-    return bm, Scheduler(bm, max_num_seqs, max_batch_tokens), FakeModel(bm)
+    return bm, Scheduler(bm, max_num_seqs, max_batch_tokens, prefill_cost), FakeModel(bm)
 
 
 def step(sched, model):
@@ -313,11 +313,12 @@ workloads = st.lists(
     max_batch_tokens=st.integers(min_value=1, max_value=24),
     max_num_seqs=st.integers(min_value=1, max_value=6),
     prefix=st.booleans(),
+    prefill_cost=st.sampled_from([0, 1, 5, 40]),
 )
 def test_random_workloads_respect_limits_produce_exact_outputs_and_never_leak(
-    workload, num_blocks, max_batch_tokens, max_num_seqs, prefix
+    workload, num_blocks, max_batch_tokens, max_num_seqs, prefix, prefill_cost
 ):
-    bm, sched, model = make(num_blocks, max_num_seqs, max_batch_tokens, prefix)
+    bm, sched, model = make(num_blocks, max_num_seqs, max_batch_tokens, prefix, prefill_cost)
     prefixes = [list(range(10, 18)), list(range(30, 35)), []]
     seqs, to_abort, seq_id = [], set(), 0
     for which, tail, max_tokens, n, abort in workload:
