@@ -55,8 +55,9 @@ class EngineSettings:
     max_num_seqs: int = 64
     # Per-step token budget shared by decode tokens and prefill chunks.
     max_batch_tokens: int = 512
-    # While decodes share a step, prefill chunks get this many token-equivalents (a token deep in a
-    # long prompt costs more: core/prefill_cost.py), bounding the streams' inter-token gaps. 0 = off.
+    # While decodes share a step, a prompt longer than max_batch_tokens is prefilled this many
+    # token-equivalents per step (a token deep in it costs more: core/prefill_cost.py), bounding the
+    # streams' inter-token gaps. 0 = off.
     prefill_cost_with_decodes: int = 64
     max_model_len: int | None = None
     enable_prefix_caching: bool = True

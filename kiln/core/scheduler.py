@@ -8,9 +8,9 @@ Each step has a token budget (`max_batch_tokens`). Policy, in order:
 3. waiting sequences are admitted FIFO while budget, `max_num_seqs` and free blocks allow. A waiting
    sequence whose `wait_for` has not computed its prompt yet is passed over, so it can later share
    that prompt through the prefix cache instead of computing it a second time.
-When the step carries decodes, prefill chunks (2 and 3) also share `prefill_cost_with_decodes`
-(prefill_cost.py), which keeps the decoding streams' inter-token gaps bounded while a long prompt
-arrives; 0 turns that off.
+When the step carries decodes, chunks of prompts longer than one step's token budget also share
+`prefill_cost_with_decodes` (prefill_cost.py), which keeps the decoding streams' inter-token gaps
+bounded while a long prompt arrives; 0 turns that off.
 """
 
 from __future__ import annotations
@@ -153,6 +153,11 @@ class Scheduler:
         if self._cost_left is None:
             return n
         start = seq.num_computed_tokens
+        if seq.num_prompt_tokens <= self.max_batch_tokens:
+            # A prompt that fits one step goes whole (many short arrivals keep their throughput);
+            # only long prompts are metered. It still spends the price a long one would share.
+            self._cost_left = max(0.0, self._cost_left - chunk_cost(start, n))
+            return n
         fit = tokens_within(start, n, self._cost_left)
         if first:
             fit = max(fit, min(n, MIN_CHUNK))   # a long prefix must still move forward

@@ -62,3 +62,12 @@ def test_a_zero_price_turns_the_cap_off():
     _run_until_decoding(sched, decoder)
     sched.add(_seq(2, 3000))
     assert max(i.num_new_tokens for i in sched.schedule().items) == 511
+
+
+def test_a_prompt_that_fits_one_step_is_not_metered():
+    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=4, max_batch_tokens=512, prefill_cost_with_decodes=64)
+    decoder = _seq(1, 8, max_tokens=1000)
+    sched.add(decoder)
+    _run_until_decoding(sched, decoder)
+    sched.add(_seq(2, 300))
+    assert max(i.num_new_tokens for i in sched.schedule().items) == 300

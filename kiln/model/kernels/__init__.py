@@ -27,7 +27,8 @@ SOURCE = Path(__file__).with_name("qlinear.cpp")
 SOURCES = [SOURCE, Path(__file__).with_name("lora_bgmv.cpp"), Path(__file__).with_name("decode_ops.cpp")]
 HEADERS = [Path(__file__).with_name("lora_bgmv.h"), Path(__file__).with_name("decode_ops.h")]
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
-CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17"]
+# -fopenmp: at::parallel_for is header code that runs serially unless the extension itself has OpenMP
+CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17", "-fopenmp"]
 ISA_LEVELS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
 
 _lock = threading.Lock()
@@ -99,7 +100,7 @@ def _build() -> ModuleType:
         sources=[str(s) for s in SOURCES],
         extra_include_paths=[str(SOURCE.parent)],
         extra_cflags=CFLAGS,
-        extra_ldflags=["-lpthread"],
+        extra_ldflags=["-lpthread", "-fopenmp"],
         verbose=False,
     )
     log.info("kiln: C++ kernels ready in %.1f s", time.perf_counter() - start)
