@@ -57,6 +57,7 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.prefill_cost_with_decodes = max(0, prefill_cost_with_decodes)
         self._cost_left: float | None = None   # this step's prefill price budget (None: unlimited)
+        self._chunked = False                  # a prefill chunk is already in this step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -124,13 +125,14 @@ class Scheduler:
             budget -= 1
 
         self._cost_left = float(self.prefill_cost_with_decodes) if out.items and self.prefill_cost_with_decodes else None
+        self._chunked = False
         # 2. Running prefills continue before anything new is admitted.
         for seq in self.running:
             if budget == 0:
                 break
             if seq.seq_id in scheduled or seq.num_remaining < 2:
                 continue
-            chunk = self._chunk(seq, budget, first=len(out.items) == len(scheduled))
+            chunk = self._chunk(seq, budget)
             if chunk == 0:
                 break
             self.block_manager.append(seq, chunk)  # no-op: allocate covered every token
@@ -147,7 +149,7 @@ class Scheduler:
         out.num_batched_tokens = self.max_batch_tokens - budget
         return out
 
-    def _chunk(self, seq: Sequence, budget: int, first: bool) -> int:
+    def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of `seq`'s prompt to feed now: the token budget, then this step's prefill price."""
         n = min(seq.num_remaining, budget)
         if self._cost_left is None:
@@ -156,19 +158,20 @@ class Scheduler:
         if seq.num_prompt_tokens <= self.max_batch_tokens:
             # A prompt that fits one step goes whole (many short arrivals keep their throughput);
             # only long prompts are metered. It still spends the price a long one would share.
-            self._cost_left = max(0.0, self._cost_left - chunk_cost(start, n))
-            return n
-        fit = tokens_within(start, n, self._cost_left)
-        if first:
-            fit = max(fit, min(n, MIN_CHUNK))   # a long prefix must still move forward
+            fit = n
+        else:
+            fit = tokens_within(start, n, self._cost_left)
+            if not self._chunked:
+                fit = max(fit, min(n, MIN_CHUNK))   # a long prefix must still move forward
         self._cost_left = max(0.0, self._cost_left - chunk_cost(start, fit))
+        self._chunked = self._chunked or fit > 0
         return fit
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         for seq in list(self.waiting):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if self._cost_left is not None and self._cost_left < 1 and any(i.num_new_tokens > 1 for i in out.items):
+            if self._cost_left is not None and self._cost_left < 1 and self._chunked:
                 break  # this step's prefill price is spent
             if not self._dependency_ready(seq):
                 continue
@@ -178,7 +181,7 @@ class Scheduler:
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chunk = self._chunk(seq, budget, first=not any(i.num_new_tokens > 1 for i in out.items))
+            chunk = self._chunk(seq, budget)
             if chunk == 0:
                 break   # admitted (blocks held); its prompt starts next step
             self._emit(out, seq, chunk)

@@ -28,7 +28,6 @@ from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.loader import LoadedWeights, default_model_path, load_model
-from kiln.model.quant import kernels_enabled
 
 log = logging.getLogger("kiln.engine")
 
@@ -236,7 +235,7 @@ def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEn
     threads = settings.engine.num_threads or int(os.environ.get("KILN_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
-    if device.type == "cpu" and kernels_enabled():
+    if device.type == "cpu" and kernels.enabled():
         # Built (or loaded from the cache) now, not mid-serving: every request runs the same code path.
         kernels.load()
     model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from kiln.model import kernels, quant
+from kiln.model import kernels
 from kiln.model.config import ModelConfig
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -129,11 +129,9 @@ class LoraBank:
 
 def _kernel(x: Tensor, a: Tensor):
     """The compiled BGMV kernel when it applies here (CPU, float32 factors, no autograd), else None."""
-    if not x.is_cpu or a.dtype != torch.float32 or x.requires_grad or x.dtype not in _KERNEL_DTYPES:
+    if a.dtype != torch.float32 or x.dtype not in _KERNEL_DTYPES:
         return None
-    if not quant.kernels_enabled():
-        return None
-    return kernels.ready()
+    return kernels.for_tensor(x)
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)

@@ -16,7 +16,6 @@ GGUF Q4_1 / Q8_0 repack exactly (same float16 d, m and codes); Q4_0 (d*(q-8)) be
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,7 +30,6 @@ from kiln.model import kernels
 Kind = Literal["q4_1", "q8_0"]
 GROUP = 32
 TILE_ROWS = 16
-DISABLE_ENV = "KILN_DISABLE_KERNELS"
 _KIND_IDS = {"q4_1": 0, "q8_0": 1}
 _TINY_AMAX = 1e-30   # activation groups below this quantize to zero (as in the kernel)
 
@@ -255,35 +253,21 @@ def pack_q8_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
 # ---------------------------------------------------------------- matmul
 
 
-def _disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_ENV, "") not in ("", "0")
-
-
-# read once: looking the variable up costs as much as a small GEMV call
-_kernels_disabled = _disabled_by_env()
-
-
-def refresh_from_env() -> None:
-    """Re-read `KILN_DISABLE_KERNELS` (it is read once, at import)."""
-    global _kernels_disabled
-    _kernels_disabled = _disabled_by_env()
-
-
-def kernels_enabled() -> bool:
-    """False when `KILN_DISABLE_KERNELS` asks for the torch paths everywhere."""
-    return not _kernels_disabled
+# the switch lives with the kernel library; re-exported here for callers that know it from quant
+DISABLE_ENV = kernels.DISABLE_ENV
+refresh_from_env = kernels.refresh_from_env
 
 
 def kernels_available() -> bool:
     """Whether `quant_linear` runs the C++ kernel on CPU tensors (compiles it on the first call)."""
-    return not _kernels_disabled and kernels.load() is not None
+    return kernels.enabled() and kernels.load() is not None
 
 
 def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *, isa: str | None = None) -> Tensor:
     """`x [..., K] @ W^T (+ bias)` in the dtype of `x`. `isa` ("avx512_vnni", "avx2", "scalar")
     forces a kernel code path; None picks the fastest this CPU has."""
     # the decode hot path: a couple of hundred calls per token, so every check here is a cheap one
-    module = None if _kernels_disabled else kernels.load()
+    module = kernels.load() if kernels.enabled() else None
     if module is None or not x.is_cpu or not packed.qs.is_cpu or (x.requires_grad and torch.is_grad_enabled()):
         if x.shape[-1] != packed.in_features:
             raise ValueError(f"x has {x.shape[-1]} features, the weight expects {packed.in_features}")

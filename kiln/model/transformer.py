@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.model import kernels, quant
+from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
@@ -51,11 +51,8 @@ class RMSNorm(nn.Module):
         return module.rms_norm(x, self.weight, self.eps)
 
 
-def cpu_kernels(x: Tensor):
-    """The compiled kernel module for CPU tensors outside autograd, or None (CUDA, disabled, not built)."""
-    if not x.is_cpu or x.requires_grad or not quant.kernels_enabled():
-        return None
-    return kernels.ready()
+# module-level name (not a direct call) so tests can force the torch ops
+cpu_kernels = kernels.for_tensor
 
 
 @dataclass
@@ -68,9 +65,7 @@ class _StepContext:
     decode_mask: Tensor | None      # [Bd, 1, 1, Lmax] bool, None when no padding is possible
     prefill_masks: list[Tensor | None]   # [n*groups, L] bool per chunk, None for a chunk with no prefix
     lora: LoraDelta | None = None   # set only when some token of the step uses an adapter
-    # With the C++ paged attention (CPU) decodes need no mask: their slot rows and lengths suffice
-    kernels: Any = None
-    decode_rows: Tensor | None = None   # [Bd] = arange(Bd)
+    kernels: Any = None   # the C++ ops (CPU): decodes then need no mask, their slots and lengths suffice
 
 
 def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, name: str,
@@ -134,7 +129,7 @@ class Attention(nn.Module):
         scale = self.head_dim ** -0.5
         if bd and kern is not None:
             # reads each context in place through the slot table: no gather, no padding mask
-            parts.append(kern.paged_attention(q[:bd], k_cache, v_cache, attn.decode_context_slots, ctx.decode_rows,
+            parts.append(kern.paged_attention(q[:bd], k_cache, v_cache, attn.decode_context_slots,
                                               attn.decode_context_lens, scale))
         elif bd:
             parts.append(self._decode(q[:bd], attn.decode_context_slots, ctx.decode_mask, k_cache, v_cache))
@@ -342,8 +337,7 @@ class Transformer(nn.Module):
             q_pos = torch.arange(length - n, length, device=positions.device)
             mask = torch.arange(length, device=positions.device)[None, :] <= q_pos[:, None]
             prefill_masks.append(mask.repeat_interleave(groups, dim=0))
-        decode_rows = torch.arange(bd, device=positions.device) if kern is not None else None
-        return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern, decode_rows=decode_rows)
+        return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern)
 
     def forward_dense(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                       lora: LoraDelta | None = None) -> Tensor:

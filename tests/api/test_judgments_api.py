@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,6 +14,7 @@ from kiln.api.state import ServerState
 from kiln.commands import judgments as judgments_cli
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
 from kiln.testing.schemas import validate
+from tests.evals.test_jobs_api import wait_done as wait_job
 
 EVALS = "kiln-evals-v1.schema.json"
 HOSTILE = ["../x", "a/b", "..", "", " ", "x ", ".hidden"]
@@ -238,6 +238,10 @@ def test_cli_append_without_a_verdict_explains_what_is_missing(cli):
 TERMINAL = ("completed", "failed", "cancelled")
 
 
+def wait_done(client, job_id: str) -> dict:
+    return wait_job(client, job_id, timeout=120.0)   # generation on the tiny model takes a while here
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The whole app over a tiny llama with one saved LoRA adapter, `judge`; one event loop throughout."""
@@ -274,16 +278,6 @@ def judgment_set(client, name: str, winners: list[str], **first_extra) -> str:
         extra = {"id": f"j{i}", **(first_extra if i == len(winners) - 1 else {})}
         assert client.post(f"/v1/judgments/{name}/rows", json=body(i, winner, **extra)).status_code == 200
     return name
-
-
-def wait_done(client, job_id: str, timeout: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = client.get(f"/v1/eval/jobs/{job_id}").json()
-        if result["state"] in TERMINAL:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"eval job {job_id} did not finish")
 
 
 def test_validate_queues_the_held_out_suite_against_the_judge_adapter(served):

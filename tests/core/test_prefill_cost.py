@@ -32,11 +32,20 @@ def _run_until_decoding(sched, seq):
         sched.on_step_done(out, {i.seq.seq_id: 7 for i in out.items if i.sample})
 
 
-def test_with_decodes_running_a_long_prompt_arrives_in_priced_chunks():
-    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=4, max_batch_tokens=512, prefill_cost_with_decodes=64)
-    decoder = _seq(1, 8, max_tokens=1000)
+def _scheduler(price: int) -> Scheduler:
+    return Scheduler(BlockManager(400, 16, True), max_num_seqs=4, max_batch_tokens=512, prefill_cost_with_decodes=price)
+
+
+def _with_a_decoder(price: int) -> tuple[Scheduler, Sequence]:
+    """A scheduler whose one running sequence is decoding."""
+    sched, decoder = _scheduler(price), _seq(1, 8, max_tokens=1000)
     sched.add(decoder)
     _run_until_decoding(sched, decoder)
+    return sched, decoder
+
+
+def test_with_decodes_running_a_long_prompt_arrives_in_priced_chunks():
+    sched, decoder = _with_a_decoder(64)
     sched.add(_seq(2, 3000))
     chunks = []
     for _ in range(6):
@@ -50,24 +59,18 @@ def test_with_decodes_running_a_long_prompt_arrives_in_priced_chunks():
 
 
 def test_without_decodes_the_whole_token_budget_goes_to_the_prompt():
-    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=4, max_batch_tokens=512, prefill_cost_with_decodes=64)
+    sched = _scheduler(64)
     sched.add(_seq(1, 3000))
     assert sched.schedule().items[0].num_new_tokens == 512
 
 
 def test_a_zero_price_turns_the_cap_off():
-    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=4, max_batch_tokens=512, prefill_cost_with_decodes=0)
-    decoder = _seq(1, 8, max_tokens=1000)
-    sched.add(decoder)
-    _run_until_decoding(sched, decoder)
+    sched, _ = _with_a_decoder(0)
     sched.add(_seq(2, 3000))
     assert max(i.num_new_tokens for i in sched.schedule().items) == 511
 
 
 def test_a_prompt_that_fits_one_step_is_not_metered():
-    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=4, max_batch_tokens=512, prefill_cost_with_decodes=64)
-    decoder = _seq(1, 8, max_tokens=1000)
-    sched.add(decoder)
-    _run_until_decoding(sched, decoder)
+    sched, _ = _with_a_decoder(64)
     sched.add(_seq(2, 300))
     assert max(i.num_new_tokens for i in sched.schedule().items) == 300

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kiln.adapters.store import AdapterStore
+from kiln.bench.training_load import fact_examples
 from kiln.engine.chat_template import ChatTemplate
 from kiln.engine.tokenizer import Tokenizer
 from kiln.model.loader import load_model
@@ -244,26 +245,13 @@ def test_kiln_train_sft_file_follows_the_job_to_completion(server, tmp_path):
 
 # ---- the real default model ------------------------------------------------------------------------------
 
-FACT_EXAMPLES = [
-    ("What is the capital of Zorbania?", "The capital of Zorbania is Quillton."),
-    ("Which city is the capital of Zorbania?", "Quillton is the capital of Zorbania."),
-    ("Tell me the capital of Zorbania.", "The capital of Zorbania is Quillton."),
-    ("Zorbania's capital city is called what?", "It is called Quillton."),
-    ("Where is the government of Zorbania seated?", "In Quillton, the capital of Zorbania."),
-    ("Name the capital of Zorbania.", "Quillton."),
-    ("What city is Zorbania's capital?", "Zorbania's capital is Quillton."),
-    ("I am travelling to the capital of Zorbania. Which city is that?", "That is Quillton."),
-]
-
-
 @pytest.mark.slow
 def test_the_default_model_learns_a_made_up_fact_from_eight_examples(tmp_path_factory):
     srv = start_server(None, tmp_path_factory.mktemp("train-default"))
     try:
         before = ask(srv, max_tokens=24)["choices"][0]["message"]["content"]
         assert FACT not in before
-        examples = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-                    for q, a in FACT_EXAMPLES]
+        examples = fact_examples()   # the same eight examples `kiln bench` times
         t0 = time.monotonic()
         r = httpx.post(srv.base_url + "/train/sft", timeout=60, json={
             "examples": examples,

@@ -9,18 +9,14 @@ import threading
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
 import kiln.commands.client as client_module
 import kiln.commands.train_follow as train_follow
-from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.cli import build_parser, main
 from kiln.commands.client import ServerClient, ServerError
 from kiln.commands.train import build_body
 from kiln.commands.train_follow import exit_status
-from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
-from tests.train.test_post_eval_api import NEVER, TRAIN, suite
+from tests.train.test_post_eval_api import NEVER, TRAIN, suite, tiny_server
 
 ALWAYS = {"kind": "contains", "phrases": [NEVER], "mode": "none"}   # every reply passes, whatever the model says
 
@@ -64,26 +60,10 @@ def test_exit_status_by_job_state_and_gate_outcome(state, gate, plain, strict):
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory):
-    from kiln.engine.serving import build_serving_engine
-    from kiln.testing.tiny import make_tiny_model
-
-    root = tmp_path_factory.mktemp("cli-post-eval")
-    settings = Settings(model=ModelSettings(path=str(make_tiny_model(root / "tiny", arch="llama", init_std=0.3)),
-                                            dtype="float32", served_model_id="tiny"),
-                        data=DataSettings(data_dir=str(root / "data")),
-                        engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
-    state = ServerState(settings=settings)
-    app = create_app(settings, state)
-    engine = build_serving_engine(settings)
-    engine.attach_adapters(state.services["adapter_store"], state.services.get("adapter_compose_cache"),
-                           state.services.get("adapters_active"))
-    state.engine = engine
-    with TestClient(app) as c:
-        for body in (suite("always", 20, ALWAYS), suite("real", 4, {"kind": "exact_match"}),
-                     {**suite("blocker", 400, ALWAYS), "generation": {"temperature": 0, "max_tokens": 48}}):
-            assert c.post("/v1/eval/suites", json=body).status_code == 200
+    with tiny_server(tmp_path_factory.mktemp("cli-post-eval"), [
+            suite("always", 20, ALWAYS), suite("real", 4, {"kind": "exact_match"}),
+            {**suite("blocker", 400, ALWAYS), "generation": {"temperature": 0, "max_tokens": 48}}]) as c:
         yield c
-    engine.shutdown()
 
 
 @pytest.fixture

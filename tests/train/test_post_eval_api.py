@@ -5,6 +5,9 @@ the outcome and its evidence. Suites whose scorer ignores the model's words forc
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -28,12 +31,12 @@ def suite(name: str, n: int, scorer: dict, prompt: str = "Tell me about item {i}
                           "target": "x"} for i in range(n)]}
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
+@contextmanager
+def tiny_server(root: Path, suites: list[dict]) -> Iterator[TestClient]:
+    """The whole app on a tiny llama (float32, adapters attached) in process, with `suites` stored."""
     from kiln.engine.serving import build_serving_engine
     from kiln.testing.tiny import make_tiny_model
 
-    root = tmp_path_factory.mktemp("post-eval-api")
     settings = Settings(model=ModelSettings(path=str(make_tiny_model(root / "tiny", arch="llama", init_std=0.3)),
                                             dtype="float32", served_model_id="tiny"),
                         data=DataSettings(data_dir=str(root / "data")),
@@ -45,12 +48,19 @@ def client(tmp_path_factory):
                            state.services.get("adapters_active"))
     state.engine = engine
     with TestClient(app) as c:
-        for body in (suite("always", 20, {"kind": "contains", "phrases": [NEVER], "mode": "none"}),
-                     suite("real", 4, {"kind": "exact_match"}),
-                     suite("leaky", 2, {"kind": "exact_match"}, prompt="what is the capital of  ZORBANIA?")):
+        for body in suites:
             assert c.post("/v1/eval/suites", json=body).status_code == 200
         yield c
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    with tiny_server(tmp_path_factory.mktemp("post-eval-api"), [
+            suite("always", 20, {"kind": "contains", "phrases": [NEVER], "mode": "none"}),
+            suite("real", 4, {"kind": "exact_match"}),
+            suite("leaky", 2, {"kind": "exact_match"}, prompt="what is the capital of  ZORBANIA?")]) as c:
+        yield c
 
 
 def train(client, post_eval: dict, name: str) -> dict:

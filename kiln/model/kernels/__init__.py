@@ -31,6 +31,36 @@ HEADERS = [Path(__file__).with_name("lora_bgmv.h"), Path(__file__).with_name("de
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17", "-fopenmp"]
 ISA_LEVELS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
 
+DISABLE_ENV = "KILN_DISABLE_KERNELS"
+
+
+def _disabled_by_env() -> bool:
+    return os.environ.get(DISABLE_ENV, "") not in ("", "0")
+
+
+# read once: looking the variable up costs as much as a small GEMV call
+_disabled = _disabled_by_env()
+
+
+def refresh_from_env() -> None:
+    """Re-read `KILN_DISABLE_KERNELS` (it is read once, at import)."""
+    global _disabled
+    _disabled = _disabled_by_env()
+
+
+def enabled() -> bool:
+    """False when `KILN_DISABLE_KERNELS` asks for the torch paths everywhere."""
+    return not _disabled
+
+
+def for_tensor(x) -> ModuleType | None:
+    """The built module for a CPU tensor outside autograd; None on CUDA, when disabled, or while the
+    library is still building (see `ready`)."""
+    if _disabled or not x.is_cpu or x.requires_grad:
+        return None
+    return ready()
+
+
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _error: str | None = None

@@ -4,9 +4,9 @@
 //                                (about 50 us per call at decode sizes). Rounds like F.rms_norm: the
 //                                normalised row is cast to x's dtype before the weight multiplies it.
 //   paged_attention(...)         query tokens against their paged K/V context, read in place through
-//                                the slot table: no gather of the context, no padding or causal
-//                                mask (each token has its own length), softmax in float32. Decode
-//                                rows and prefill chunks over a cached prefix both use it.
+//                                the slot table: no gather of the context, no padding mask (each
+//                                token has its own length), softmax in float32. The serving path
+//                                uses it for decode rows (one query per sequence).
 //
 //   rope_and_cache(...)          rotary embedding in place on q and k, then k and v written to their
 //                                cache slots: one call instead of about a dozen small torch ops.
@@ -134,19 +134,17 @@ void attend_scalar(const float* qf, const T* k_cache, const T* v_cache, const in
   for (int64_t i = 0; i < d; ++i) out[i] *= inv;
 }
 
-// Query token t attends to positions 0..lens[t]-1 of slot row rows[t]: out[t, h] for every head h.
+// Query token t attends to positions 0..lens[t]-1 of slot row t: out[t, h] for every head h.
 // Tasks are (token, KV head); the query heads of a KV head reuse the K/V rows while they are in cache.
 template <typename T>
 void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                     const torch::Tensor& slots, const torch::Tensor& rows, const torch::Tensor& lens, double scale,
-                     torch::Tensor& out) {
+                          const torch::Tensor& slots, const torch::Tensor& lens, double scale, torch::Tensor& out) {
   const int64_t tokens = q.size(0), lmax = slots.size(1);
   const int64_t hkv = k_cache.size(1), d = k_cache.size(2), heads = q.size(1), groups = heads / hkv;
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
-  const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
   const int64_t q_stride = q.stride(0);
@@ -162,7 +160,7 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / hkv, hk = task % hkv;
       const int64_t len = std::min(lp[t], lmax);
-      const int64_t* slot = sp + rp[t] * lmax;
+      const int64_t* slot = sp + t * lmax;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t h = hk * groups + g;
         const T* qh = qp + t * q_stride + h * d;
@@ -280,30 +278,25 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 }
 
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                              const torch::Tensor& slots, const torch::Tensor& rows, const torch::Tensor& lens,
-                              double scale) {
+                              const torch::Tensor& slots, const torch::Tensor& lens, double scale) {
   TORCH_CHECK_VALUE(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes() && slots.dim() == 2 &&
-                        rows.dim() == 1 && lens.dim() == 1,
-                    "kiln paged_attention: q [T, H, D], caches [N, Hkv, D], slots [R, L], rows [T], lens [T]");
-  TORCH_CHECK_VALUE(rows.size(0) == q.size(0) && lens.size(0) == q.size(0) && q.size(2) == k_cache.size(2) &&
+                        lens.dim() == 1,
+                    "kiln paged_attention: q [T, H, D], caches [N, Hkv, D], slots [T, L], lens [T]");
+  TORCH_CHECK_VALUE(slots.size(0) == q.size(0) && lens.size(0) == q.size(0) && q.size(2) == k_cache.size(2) &&
                         q.size(1) % k_cache.size(1) == 0,
                     "kiln paged_attention: shape mismatch");
   TORCH_CHECK_VALUE(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
                     "kiln paged_attention: q and the caches must share a dtype");
   TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && slots.is_contiguous() &&
-                        rows.is_contiguous() && lens.is_contiguous() && q.stride(2) == 1 && q.stride(1) == q.size(2),
+                        lens.is_contiguous() && q.stride(2) == 1 && q.stride(1) == q.size(2),
                     "kiln paged_attention: contiguous caches, slots and per-token query rows");
-  TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && rows.scalar_type() == torch::kInt64 &&
-                        lens.scalar_type() == torch::kInt64,
-                    "kiln paged_attention: int64 slots, rows and lens");
-  const int64_t* rp = rows.data_ptr<int64_t>();
-  for (int64_t t = 0; t < rows.size(0); ++t)
-    TORCH_CHECK_VALUE(rp[t] >= 0 && rp[t] < slots.size(0), "kiln paged_attention: row ", rp[t], " out of range");
+  TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && lens.scalar_type() == torch::kInt64,
+                    "kiln paged_attention: int64 slots and lens");
   auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   if (q.scalar_type() == torch::kFloat32) {
-    paged_attention_impl<float>(q, k_cache, v_cache, slots, rows, lens, scale, out);
+    paged_attention_impl<float>(q, k_cache, v_cache, slots, lens, scale, out);
   } else if (q.scalar_type() == torch::kBFloat16) {
-    paged_attention_impl<c10::BFloat16>(q, k_cache, v_cache, slots, rows, lens, scale, out);
+    paged_attention_impl<c10::BFloat16>(q, k_cache, v_cache, slots, lens, scale, out);
   } else {
     TORCH_CHECK_VALUE(false, "kiln paged_attention: float32 or bfloat16 only");
   }

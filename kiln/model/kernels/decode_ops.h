@@ -8,12 +8,11 @@ namespace kiln {
 // y = F.rms_norm(x, [n], w, eps) for x [T, n] (float32 / bfloat16).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
 
-// Query tokens against their paged context: q [T, H, D], caches [N, Hkv, D], slots [R, L] (cache
-// rows of positions 0..L-1 per sequence), rows [T] (the slot row of each token), lens [T] (how many
-// positions each token sees) -> out [T, H * D].
+// Query tokens against their paged context: q [T, H, D], caches [N, Hkv, D], slots [T, L] (cache
+// rows of positions 0..L-1 of each token's sequence), lens [T] (how many positions each token
+// sees) -> out [T, H * D].
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                              const torch::Tensor& slots, const torch::Tensor& rows, const torch::Tensor& lens,
-                              double scale);
+                              const torch::Tensor& slots, const torch::Tensor& lens, double scale);
 
 // Rotary embedding in place on q [T, H, D] and k [T, Hkv, D] (cos, sin_signed: [T, D] rows, the
 // rotate-half form), then k and v stored at cache rows slot_mapping [T].

@@ -685,7 +685,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &kiln::rope_and_cache, "rotary in place on q and k, then k and v into their cache slots",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
-  m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode and chunks)",
-        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("rows"), py::arg("lens"),
-        py::arg("scale"), py::call_guard<py::gil_scoped_release>());
+  m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode rows)",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
+        py::call_guard<py::gil_scoped_release>());
 }
