@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -102,12 +103,15 @@ def build_attention_metadata(
             raise ValueError(f"block table of {len(table)} blocks cannot hold {computed + new} tokens")
         positions.extend(range(computed, computed + new))
 
-    slot_parts: list[Tensor] = []
+    slot_parts: list[np.ndarray] = []
     if num_decodes:
         lens = [items[i][1] + 1 for i in range(num_decodes)]
         decode_slots = _context_slots([items[i][0] for i in range(num_decodes)], lens, block_size)
         decode_lens = torch.tensor(lens, dtype=torch.int64)
-        slot_parts.append(decode_slots[torch.arange(num_decodes), decode_lens - 1])
+        # each decode writes its own K/V at its last position
+        slot_parts.append(np.asarray([table[(n - 1) // block_size] * block_size + (n - 1) % block_size
+                                      for (table, _, _), n in zip(items[:num_decodes], lens, strict=True)],
+                                     dtype=np.int64))
     else:
         decode_slots = torch.zeros((0, 0), dtype=torch.int64)
         decode_lens = torch.zeros((0,), dtype=torch.int64)
@@ -116,12 +120,12 @@ def build_attention_metadata(
     start = num_decodes
     for table, computed, new in items[num_decodes:]:
         ctx = _context_slots([table], [computed + new], block_size)[0]
-        slot_parts.append(ctx[computed:])
+        slot_parts.append(ctx[computed:].numpy())
         prefills.append(PrefillChunk(query_start=start, query_len=new, context_slots=ctx.to(device)))
         start += new
 
     meta = AttentionMetadata(
-        slot_mapping=torch.cat(slot_parts).to(device) if slot_parts else torch.zeros(0, dtype=torch.int64, device=device),
+        slot_mapping=torch.from_numpy(np.concatenate(slot_parts) if slot_parts else np.zeros(0, dtype=np.int64)).to(device),
         num_decode_tokens=num_decodes,
         decode_context_slots=decode_slots.to(device),
         decode_context_lens=decode_lens.to(device),
@@ -131,14 +135,17 @@ def build_attention_metadata(
 
 
 def _context_slots(tables: list[Sequence[int]], lens: list[int], block_size: int) -> Tensor:
-    """Slots of positions 0..len-1 per sequence, `[N, max(lens)]`, padded with slot 0."""
+    """Slots of positions 0..len-1 per sequence, `[N, max(lens)]`, padded with slot 0.
+
+    numpy, not torch: this runs every step on the engine thread, where a dozen small torch ops
+    cost more than the decode attention they feed."""
     max_len = max(lens)
     max_blocks = (max_len + block_size - 1) // block_size
-    padded = torch.zeros((len(tables), max_blocks), dtype=torch.int64)
+    padded = np.zeros((len(tables), max_blocks), dtype=np.int64)
     for row, (table, n) in enumerate(zip(tables, lens, strict=True)):
         nb = (n + block_size - 1) // block_size
-        padded[row, :nb] = torch.tensor(list(table[:nb]), dtype=torch.int64)
-    pos = torch.arange(max_len, dtype=torch.int64)
-    slots = padded[:, pos // block_size] * block_size + pos % block_size
-    valid = pos[None, :] < torch.tensor(lens, dtype=torch.int64)[:, None]
-    return torch.where(valid, slots, torch.zeros_like(slots))
+        padded[row, :nb] = table[:nb]
+    slots = (padded[:, :, None] * block_size + np.arange(block_size, dtype=np.int64)).reshape(len(tables), -1)
+    slots = np.ascontiguousarray(slots[:, :max_len])
+    slots[np.arange(max_len)[None, :] >= np.asarray(lens, dtype=np.int64)[:, None]] = 0
+    return torch.from_numpy(slots)

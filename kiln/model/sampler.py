@@ -25,6 +25,11 @@ class Sampler:
     ) -> tuple[Tensor, Tensor]:
         """(token ids `[B]` int64, log-prob of each chosen token under its final distribution `[B]`)."""
         logits = apply_penalties(logits.float(), params, output_ids)
+        if all(p.is_greedy for p in params):
+            # the common serving case, without the row gathers and scatters of a mixed batch
+            lp = torch.log_softmax(logits, dim=-1)
+            best = lp.argmax(dim=-1)
+            return best, lp.gather(1, best[:, None]).squeeze(1)
         tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
         logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         greedy = [i for i, p in enumerate(params) if p.is_greedy]

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
+from kiln.model.decode_stack import build_decode_stack
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.quant import PackedWeight, quant_linear
@@ -53,6 +54,8 @@ class RMSNorm(nn.Module):
 
 # module-level name (not a direct call) so tests can force the torch ops
 cpu_kernels = kernels.for_tensor
+# decode-only steps of a packed model run every layer in one C++ call (tests turn it off to compare)
+use_decode_stack = True
 
 
 @dataclass
@@ -253,6 +256,8 @@ class Transformer(nn.Module):
         self.rotary = RotaryTables(config, dtype, device)
         # Adapters being served; the engine installs and grows it (never part of the state dict).
         self.lora_bank: LoraBank | None = None
+        # the C++ DecodeStack once built; False when this model cannot use one
+        self._decode_stack: Any = None
 
     @property
     def device(self) -> torch.device:
@@ -312,9 +317,25 @@ class Transformer(nn.Module):
             if lora is not None and self.lora_bank is not None:
                 ctx.lora = BankRouting(self.lora_bank, lora)
             h = self.model.embed_tokens(input_ids)
-            for i, layer in enumerate(self.model.layers):
-                h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
+            stack = self._stack_for(ctx, h, kv_cache)
+            if stack is not None:
+                h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping,
+                                  attn.decode_context_slots, attn.decode_context_lens, self.config.head_dim ** -0.5)
+            else:
+                for i, layer in enumerate(self.model.layers):
+                    h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
             return self.model.norm.fast(h)
+
+    def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:
+        """The C++ DecodeStack when this step may use it: decodes only, no adapter, one dtype throughout."""
+        kern = ctx.kernels
+        if (kern is None or not use_decode_stack or ctx.attn.prefills or ctx.lora is not None
+                or self._decode_stack is False or not hasattr(kern, "DecodeStack")
+                or not (h.dtype == ctx.cos.dtype == kv_cache.dtype == self.model.norm.weight.dtype)):
+            return None
+        if self._decode_stack is None:
+            self._decode_stack = build_decode_stack(self, kern) or False
+        return self._decode_stack or None
 
     def _step_context(self, positions: Tensor, attn: AttentionMetadata) -> _StepContext:
         self.rotary.ensure(attn.max_context_len)
@@ -370,7 +391,9 @@ class Transformer(nn.Module):
         """float32 logits; `packed_ok` (the serving path) uses the quantized LM head when there is one."""
         packed = getattr(self.lm_head, "packed", None) if packed_ok else None
         if packed is not None:
-            return quant_linear(hidden, packed).float()
+            # float32 in, float32 out: the kernel quantizes the same activations either way, and its
+            # float32 sums are kept instead of being rounded to bfloat16 and widened again
+            return quant_linear(hidden.float(), packed)
         return self.lm_head(hidden).float()
 
     def attach_packed(self, packed: dict[str, PackedWeight]) -> None:
@@ -383,3 +406,4 @@ class Transformer(nn.Module):
             if tuple(module.weight.shape) != (pw.out_features, pw.in_features):
                 raise ValueError(f"{name}: packed shape does not match the model")
             module.packed = pw.to(self.device)
+        self._decode_stack = None  # rebuilt over the new weights on the next decode step

@@ -141,7 +141,18 @@ def test_openai_client_non_streaming_and_streaming(tiny_server):
     assert usage is not None and usage.completion_tokens == resp.usage.completion_tokens
 
 
-def test_sixteen_concurrent_greedy_streams_equal_sequential_runs(tiny_server):
+@pytest.fixture(scope="module")
+def quantized_server(tiny_model_dir, tmp_path_factory):
+    """The tiny model served with q4_1 weights: decode-only steps run in the C++ DecodeStack."""
+    from .conftest import start_server, stop_server
+
+    server = start_server(str(tiny_model_dir), tmp_path_factory.mktemp("srv-q4"), "--served-model-id", "tiny",
+                          "--quantization", "q4_1")
+    yield server
+    stop_server(server)
+
+
+def _concurrent_and_sequential(server) -> tuple[list[str], list[str]]:
     prompts = [f"Request number {i}: write about the sea and the number {i * 7}." for i in range(16)]
 
     def body(p: str) -> dict:
@@ -158,13 +169,25 @@ def test_sixteen_concurrent_greedy_streams_equal_sequential_runs(tiny_server):
         return text
 
     async def run_all() -> list[str]:
-        async with httpx.AsyncClient(base_url=tiny_server.base_url, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
             return await asyncio.gather(*(one(client, p) for p in prompts))
 
     concurrent = asyncio.run(run_all())
-    sequential = [post(tiny_server, {**body(p), "stream": False}).json()["choices"][0]["message"]["content"]
+    sequential = [post(server, {**body(p), "stream": False}).json()["choices"][0]["message"]["content"]
                   for p in prompts]
+    return concurrent, sequential
+
+
+def test_sixteen_concurrent_greedy_streams_equal_sequential_runs(tiny_server):
+    concurrent, sequential = _concurrent_and_sequential(tiny_server)
     assert concurrent == sequential
+
+
+def test_quantized_concurrent_greedy_streams_equal_sequential_runs(quantized_server):
+    # concurrent streams mix prompt chunks (layer-by-layer path) with decode-only steps (the stack)
+    concurrent, sequential = _concurrent_and_sequential(quantized_server)
+    assert concurrent == sequential
+    assert len(set(concurrent)) > 1
 
 
 def test_client_disconnect_mid_stream_frees_the_request(tiny_server):

@@ -1,5 +1,5 @@
 """The C++ kernels (quantized linear `qlinear.cpp`, batched LoRA `lora_bgmv.cpp`, fused decode ops
-`decode_ops.cpp`), compiled on first use and cached.
+`decode_ops.cpp`, all layers of a decode step `decode_stack.cpp`), compiled on first use and cached.
 
 Nothing is compiled at import: `load()` builds the extension the first time it is called (about a
 minute on two cores; later processes load the cached library from the torch extensions directory,
@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("qlinear.cpp")
 # The batched-LoRA kernel and the fused decode ops share the library (one build, one cache entry).
-SOURCES = [SOURCE, Path(__file__).with_name("lora_bgmv.cpp"), Path(__file__).with_name("decode_ops.cpp")]
-HEADERS = [Path(__file__).with_name("lora_bgmv.h"), Path(__file__).with_name("decode_ops.h")]
+SOURCES = [SOURCE, *(Path(__file__).with_name(f) for f in ("lora_bgmv.cpp", "decode_ops.cpp", "decode_stack.cpp"))]
+HEADERS = [Path(__file__).with_name(f) for f in ("qlinear.h", "lora_bgmv.h", "decode_ops.h", "decode_stack.h")]
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 # -fopenmp: at::parallel_for is header code that runs serially unless the extension itself has OpenMP
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17", "-fopenmp"]

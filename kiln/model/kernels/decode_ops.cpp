@@ -16,7 +16,7 @@
 
 #include "decode_ops.h"
 
-#include <ATen/Parallel.h>
+#include "qlinear.h"
 
 #include <algorithm>
 #include <cmath>
@@ -135,7 +135,8 @@ void attend_scalar(const float* qf, const T* k_cache, const T* v_cache, const in
 }
 
 // Query token t attends to positions 0..lens[t]-1 of slot row t: out[t, h] for every head h.
-// Tasks are (token, KV head); the query heads of a KV head reuse the K/V rows while they are in cache.
+// Tasks are (token, KV head), on the kernels' pool; the query heads of a KV head reuse the K/V rows
+// while they are in cache.
 template <typename T>
 void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                           const torch::Tensor& slots, const torch::Tensor& lens, double scale, torch::Tensor& out) {
@@ -154,32 +155,33 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
 #else
   const bool vec = false;
 #endif
-  at::parallel_for(0, tokens * hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(lmax)), qf(static_cast<size_t>(d)), res(static_cast<size_t>(d)),
-        row(static_cast<size_t>(d));
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / hkv, hk = task % hkv;
-      const int64_t len = std::min(lp[t], lmax);
-      const int64_t* slot = sp + t * lmax;
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t h = hk * groups + g;
-        const T* qh = qp + t * q_stride + h * d;
-        for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(qh[i]) * sc;
-        if (len <= 0) {
-          std::fill(res.begin(), res.end(), 0.f);
-        } else {
+  kiln::parallel_tasks(tokens * hkv, [&](int64_t task) {
+    thread_local std::vector<float> scores, qf, res, row;
+    scores.resize(static_cast<size_t>(lmax));
+    qf.resize(static_cast<size_t>(d));
+    res.resize(static_cast<size_t>(d));
+    row.resize(static_cast<size_t>(d));
+    const int64_t t = task / hkv, hk = task % hkv;
+    const int64_t len = std::min(lp[t], lmax);
+    const int64_t* slot = sp + t * lmax;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t h = hk * groups + g;
+      const T* qh = qp + t * q_stride + h * d;
+      for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(qh[i]) * sc;
+      if (len <= 0) {
+        std::fill(res.begin(), res.end(), 0.f);
+      } else {
 #ifdef KILN_ATTN_X86
-          if (vec) {
-            attend_avx512<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data());
-          } else
+        if (vec) {
+          attend_avx512<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data());
+        } else
 #endif
-          {
-            attend_scalar<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data(), row.data());
-          }
+        {
+          attend_scalar<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data(), row.data());
         }
-        T* oh = op + (t * heads + h) * d;
-        for (int64_t i = 0; i < d; ++i) oh[i] = static_cast<T>(res[i]);
       }
+      T* oh = op + (t * heads + h) * d;
+      for (int64_t i = 0; i < d; ++i) oh[i] = static_cast<T>(res[i]);
     }
   });
 }

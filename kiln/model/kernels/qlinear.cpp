@@ -21,6 +21,8 @@
 #include <torch/extension.h>
 
 #include "decode_ops.h"
+#include "decode_stack.h"
+#include "qlinear.h"
 #include "lora_bgmv.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
 
@@ -516,6 +518,19 @@ Pool& pool() {
   return *p;
 }
 
+}  // namespace
+
+namespace kiln {
+
+void parallel_chunks(int64_t n, void (*fn)(const void*, int64_t), const void* ctx) {
+  const int helpers = at::in_parallel_region() ? 0 : at::get_num_threads() - 1;
+  pool().run(n, helpers, fn, ctx);
+}
+
+}  // namespace kiln
+
+namespace {
+
 int64_t detect_isa() {
 #ifdef KILN_X86
   __builtin_cpu_init();
@@ -651,6 +666,8 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
 
 }  // namespace
 
+namespace kiln {
+
 // x [..., K] (any float dtype; float32 and bfloat16 run without a conversion) -> [..., n] in x's dtype.
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
                       int64_t n, int64_t k, const c10::optional<torch::Tensor>& bias, int64_t isa) {
@@ -669,9 +686,11 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qs, const tor
   return native ? y : y.to(dtype);
 }
 
+}  // namespace kiln
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL is released: a server's other Python threads keep running during the matmul
-  m.def("qlinear", &qlinear, "y = x @ W^T (+ bias) for tiled q4_1 / q8_0 weights", py::arg("x"), py::arg("qs"),
+  m.def("qlinear", &kiln::qlinear, "y = x @ W^T (+ bias) for tiled q4_1 / q8_0 weights", py::arg("x"), py::arg("qs"),
         py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
         py::arg("isa") = -1, py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
@@ -685,6 +704,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &kiln::rope_and_cache, "rotary in place on q and k, then k and v into their cache slots",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
+  kiln::register_decode_stack(m);
   m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode rows)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());

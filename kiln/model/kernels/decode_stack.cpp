@@ -1,0 +1,115 @@
+// DecodeStack: the decoder layers of a quantized model for steps whose every token is a decode.
+//
+// A decode step spends as long in Python's per-op overhead (about 25 small calls per layer) as in
+// the matmuls; this class runs the same sequence of calls from C++ instead:
+//
+//   x = rms_norm(h); q, k, v = qlinear(x); rope_and_cache; o = paged_attention; h = h + qlinear(o)
+//   x = rms_norm(h); gate, up = qlinear(x); h = h + qlinear(silu(gate) * up)
+//
+// It calls the very functions the Python path (kiln/model/transformer.py) calls, in the same order and
+// dtypes (elementwise steps are the same ATen ops), so a token computed here is bit-identical to the
+// same token computed in a mixed step there: a sequence's output never depends on which path carried
+// which of its steps. Projections whose outputs are concatenated (q/k/v, gate/up) may be one packed
+// weight: qlinear's outputs are per output row, so fusing them changes no value.
+
+#include "decode_stack.h"
+
+#include "decode_ops.h"
+#include "qlinear.h"
+
+#include <vector>
+
+namespace kiln {
+namespace {
+
+struct Projection {
+  torch::Tensor qs, scales;
+  int64_t kind, n, k;
+  c10::optional<torch::Tensor> bias;
+
+  torch::Tensor operator()(const torch::Tensor& x) const { return qlinear(x, qs, scales, kind, n, k, bias, -1); }
+};
+
+struct Layer {
+  torch::Tensor in_norm, post_norm;
+  Projection qkv, o, gate_up, down;
+};
+
+class DecodeStack {
+ public:
+  DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), inter_(intermediate), eps_(eps) {}
+
+  void add_layer(torch::Tensor in_norm, torch::Tensor post_norm, std::vector<py::object> projections) {
+    TORCH_CHECK_VALUE(projections.size() == 4, "DecodeStack.add_layer: qkv, o, gate_up, down");
+    Projection p[4];
+    for (int i = 0; i < 4; ++i) p[i] = to_projection(projections[i]);
+    TORCH_CHECK_VALUE(p[0].n == (heads_ + 2 * kv_heads_) * head_dim_ && p[2].n == 2 * inter_,
+                      "DecodeStack.add_layer: qkv or gate_up has the wrong number of outputs");
+    layers_.push_back(Layer{std::move(in_norm), std::move(post_norm), p[0], p[1], p[2], p[3]});
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // h [T, hidden] -> h after every layer. kv [layers, 2, slots, Hkv, D]; cos, sin [T, D] rows;
+  // slot_mapping [T]; context_slots [T, L] and context_lens [T] as paged_attention takes them.
+  torch::Tensor forward(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& kv,
+                        const torch::Tensor& slot_mapping, const torch::Tensor& context_slots,
+                        const torch::Tensor& context_lens, double scale) const {
+    TORCH_CHECK_VALUE(kv.dim() == 5 && kv.size(0) == num_layers() && kv.size(1) == 2,
+                      "DecodeStack.forward: kv must be [layers, 2, slots, Hkv, D]");
+    const int64_t T = h.size(0);
+    const int64_t qn = heads_ * head_dim_, kn = kv_heads_ * head_dim_;
+    for (int64_t i = 0; i < num_layers(); ++i) {
+      const Layer& L = layers_[static_cast<size_t>(i)];
+      auto k_cache = kv.select(0, i).select(0, 0);
+      auto v_cache = kv.select(0, i).select(0, 1);
+      auto qkv = L.qkv(rms_norm(h, L.in_norm, eps_));
+      auto q = qkv.narrow(1, 0, qn).contiguous().view({T, heads_, head_dim_});
+      auto k = qkv.narrow(1, qn, kn).contiguous().view({T, kv_heads_, head_dim_});
+      auto v = qkv.narrow(1, qn + kn, kn).contiguous().view({T, kv_heads_, head_dim_});
+      rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
+      auto attn = paged_attention(q, k_cache, v_cache, context_slots, context_lens, scale);
+      h = at::add(h, L.o(attn));
+      auto gu = L.gate_up(rms_norm(h, L.post_norm, eps_));
+      auto act = at::mul(at::silu(gu.narrow(1, 0, inter_)), gu.narrow(1, inter_, inter_));
+      h = at::add(h, L.down(act));
+    }
+    return h;
+  }
+
+ private:
+  static Projection to_projection(const py::object& packed) {
+    // a kiln.model.quant.PackedWeight (+ `bias`, set by the Python side)
+    Projection p;
+    p.qs = packed.attr("qs").cast<torch::Tensor>();
+    p.scales = packed.attr("scales").cast<torch::Tensor>();
+    const auto kind = packed.attr("kind").cast<std::string>();
+    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0", "DecodeStack: unknown weight kind ", kind);
+    p.kind = kind == "q4_1" ? 0 : 1;
+    p.n = packed.attr("out_features").cast<int64_t>();
+    p.k = packed.attr("in_features").cast<int64_t>();
+    py::object bias = packed.attr("bias");
+    if (!bias.is_none()) p.bias = bias.cast<torch::Tensor>();
+    return p;
+  }
+
+  int64_t heads_, kv_heads_, head_dim_, inter_;
+  double eps_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+void register_decode_stack(pybind11::module& m) {
+  py::class_<DecodeStack>(m, "DecodeStack", "the decoder layers of a quantized model, for decode-only steps")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, double>(), py::arg("heads"), py::arg("kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
+      .def("add_layer", &DecodeStack::add_layer, py::arg("in_norm"), py::arg("post_norm"), py::arg("projections"))
+      .def_property_readonly("num_layers", &DecodeStack::num_layers)
+      .def("forward", &DecodeStack::forward, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("kv"),
+           py::arg("slot_mapping"), py::arg("context_slots"), py::arg("context_lens"), py::arg("scale"),
+           py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace kiln

@@ -1,0 +1,98 @@
+"""The C++ DecodeStack (all layers of a decode-only step in one call) computes exactly what the
+layer-by-layer path computes, so a sequence's tokens never depend on which path carried a step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.model import kernels
+from kiln.model import transformer as transformer_module
+from kiln.model.kv_cache import KVCache, build_attention_metadata
+from kiln.model.loader import load_model
+from kiln.model.transformer import Transformer
+
+from .conftest import make_hf
+
+BLOCK = 4
+TABLES = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
+
+
+@pytest.fixture(autouse=True)
+def _kernels():
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+
+
+def _packed(tmp_path, kind: str, quantization: str = "q4_1", dtype: str = "bfloat16") -> Transformer:
+    path = tmp_path / kind
+    make_hf(kind).save_pretrained(path, safe_serialization=True)
+    model, _ = load_model(path, dtype=dtype, quantization=quantization)
+    return model
+
+
+def _forward(model: Transformer, cache: KVCache, items: list[tuple[list[int], list[int], int]]) -> torch.Tensor:
+    """items: (block table, all ids so far, computed); logits of every fed token."""
+    meta, positions = build_attention_metadata([(t, c, len(ids) - c) for t, ids, c in items], BLOCK, "cpu")
+    flat = [tok for _, ids, c in items for tok in ids[c:]]
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(flat), torch.tensor(positions), meta, cache), packed_ok=True)
+
+
+def _decode_run(model: Transformer, use_stack: bool, monkeypatch) -> tuple[list[torch.Tensor], KVCache]:
+    """Prefill three prompts of different lengths, then six decode steps of all three together."""
+    monkeypatch.setattr(transformer_module, "use_decode_stack", use_stack)
+    cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (5, 9, 7)]
+    for table, ids in zip(TABLES, seqs, strict=True):
+        _forward(model, cache, [(table, ids, 0)])
+    out = []
+    for step in range(6):
+        nxt = [(ids + [(step * 7 + i) % 96], len(ids)) for i, ids in enumerate(seqs)]
+        out.append(_forward(model, cache, [(t, ids, c) for t, (ids, c) in zip(TABLES, nxt, strict=True)]))
+        seqs = [ids for ids, _ in nxt]
+    return out, cache
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, monkeypatch, kind, dtype):
+    model = _packed(tmp_path, kind, dtype=dtype)
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch)
+    assert model._decode_stack not in (None, False), "the stack should have run"
+    layered, layered_cache = _decode_run(model, False, monkeypatch)
+    for a, b in zip(stacked, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
+def test_q8_0_weights_run_in_the_stack_too(tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama", quantization="q8_0")
+    stacked, _ = _decode_run(model, True, monkeypatch)
+    layered, _ = _decode_run(model, False, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))
+
+
+def test_fused_projections_share_the_layers_storage(tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama")
+    _decode_run(model, True, monkeypatch)
+    attn = model.model.layers[0].self_attn
+    q, k, v = (p.packed.qs for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert k.data_ptr() == q.data_ptr() + q.nbytes and v.data_ptr() == k.data_ptr() + k.nbytes
+
+
+def test_models_the_stack_cannot_run_keep_the_layer_path(tmp_path, monkeypatch):
+    qwen3 = _packed(tmp_path, "qwen3")   # q/k norm
+    _decode_run(qwen3, True, monkeypatch)
+    assert qwen3._decode_stack is False
+    dense = _packed(tmp_path, "llama", quantization="none")
+    _decode_run(dense, True, monkeypatch)
+    assert dense._decode_stack is False
+
+
+def test_steps_with_a_prompt_chunk_do_not_use_the_stack(tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama")
+    cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
+    _forward(model, cache, [(TABLES[0], [3, 4, 5], 0)])
+    assert model._decode_stack is None   # never needed, never built
