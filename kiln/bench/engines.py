@@ -95,9 +95,10 @@ class KilnServerEngine(HttpEngine):
     """`python -m kiln.cli serve` in a child process, exactly as a user runs it."""
 
     def __init__(self, model_path: str, threads: int, kv_cache_mb: int | None = None,
-                 url: str | None = None) -> None:
+                 url: str | None = None, quantization: str = "none") -> None:
         super().__init__(Endpoint(KILN, url or "", extra_body={"ignore_eos": True}))
         self.model_path, self.threads, self.kv_cache_mb = model_path, threads, kv_cache_mb
+        self.quantization = quantization
         self.server: ServerProcess | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -110,7 +111,7 @@ class KilnServerEngine(HttpEngine):
             if self.kv_cache_mb:
                 env["KILN_ENGINE_KV_CACHE_MEMORY_MB"] = str(self.kv_cache_mb)
             args = [sys.executable, "-m", "kiln.cli", "serve", "--model", self.model_path, "--port", str(port),
-                    "--data-dir", str(tmp / "data"), "--log-level", "warning"]
+                    "--data-dir", str(tmp / "data"), "--log-level", "warning", "--quantization", self.quantization]
             self.server = ServerProcess("kiln", args, port, tmp / "kiln-serve.log", "/health", env=env,
                                         cwd=tmp).start()
             self.endpoint.base_url = self.server.url

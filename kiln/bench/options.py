@@ -24,6 +24,7 @@ class BenchOptions:
     out: Path = Path("benchmarks/RESULTS.md")
     threads: int = field(default_factory=default_threads)
     kiln_url: str | None = None          # measure this running server instead of starting one
+    quantization: str = "auto"           # kiln serve --quantization; auto: a GGUF's own blocks, else none
     max_tokens: int = 128                # generated tokens per request (ignore_eos)
     single_prompt_tokens: tuple[int, ...] = (100, 500)
     single_repeats: int = 3              # the median of these is reported
@@ -51,9 +52,20 @@ class BenchOptions:
                            itl_long_prompt_tokens=1000, adapter_repeats=1)
         return replace(base, **overrides)  # type: ignore[arg-type]
 
+    @property
+    def kiln_quantization(self) -> str:
+        """What the Kiln server started by the bench serves: a GGUF with its own quantized blocks, as
+        llama.cpp runs the same file, unless --quantization says otherwise."""
+        if self.quantization != "auto":
+            return self.quantization
+        return "gguf" if Path(self.model_path).suffix == ".gguf" else "none"
+
     def describe(self) -> dict[str, str]:
+        quant = ("set by the running server" if self.kiln_url else
+                 f"{self.kiln_quantization} (kiln serve --quantization {self.kiln_quantization})")
         return {
             "model": self.model_path,
+            "Kiln weights": quant,
             "mode": "quick" if self.quick else "full",
             "generated tokens per request": f"{self.max_tokens} (temperature 0, ignore_eos)",
             "single-stream prompts (target tokens)": ", ".join(map(str, self.single_prompt_tokens)),

@@ -26,7 +26,8 @@ def check_model_path(path: str) -> None:
 
 
 def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: list[int]) -> list[BenchEngine]:
-    engines: list[BenchEngine] = [KilnServerEngine(options.model_path, options.threads, url=options.kiln_url)]
+    engines: list[BenchEngine] = [KilnServerEngine(options.model_path, options.threads, url=options.kiln_url,
+                                                            quantization=options.kiln_quantization)]
     if options.skip_reference:
         result.note("reference engines skipped (--skip-reference): no ratios")
         return engines

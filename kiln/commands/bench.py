@@ -27,6 +27,10 @@ def register(sub) -> None:
     p.add_argument("--kiln-url", help="measure this running Kiln server (e.g. http://127.0.0.1:8420) instead of "
                    "starting one; --model must name the model it serves (for the tokenizer and the references)")
     p.add_argument("--threads", type=int, help="CPU threads for every engine (default: all available cores)")
+    p.add_argument("--quantization", choices=["auto", "none", "gguf", "q8_0", "q4_1"], default="auto",
+                   help="weights of the Kiln server the bench starts (kiln serve --quantization); auto "
+                   "(default): a .gguf model keeps its own quantized blocks, as llama.cpp runs the same file, "
+                   "an HF directory is served dense")
     p.set_defaults(func=_run)
 
 
@@ -42,6 +46,7 @@ def _options(args):
         "skip_reference": args.skip_reference, "out": Path(args.out),
         "only": tuple(name.strip() for name in args.only.split(",") if name.strip()),
         "kiln_url": args.kiln_url.rstrip("/") if args.kiln_url else None,
+        "quantization": args.quantization,
     }
     if args.threads is not None:
         if args.threads <= 0:

@@ -99,3 +99,16 @@ def test_a_partial_result_says_so_in_the_markdown(result):
     assert "Partial run" not in render_markdown(result)
     result.complete = False
     assert "**Partial run**" in render_markdown(result)
+
+
+def test_a_gguf_is_benchmarked_with_its_own_quantized_blocks_by_default():
+    assert BenchOptions.preset("model.Q4_1.gguf").kiln_quantization == "gguf"
+    assert BenchOptions.preset("/models/hf-dir").kiln_quantization == "none"
+    assert BenchOptions.preset("model.gguf", quantization="none").kiln_quantization == "none"
+    assert "gguf" in BenchOptions.preset("model.gguf").describe()["Kiln weights"]
+
+
+def test_the_kiln_server_is_started_with_the_chosen_quantization():
+    engines = build_engines(BenchOptions.preset("m.gguf", skip_reference=True, quantization="q8_0"),
+                            BenchResult(machine=machine()), [2])
+    assert engines[0].quantization == "q8_0"
