@@ -104,3 +104,66 @@ def test_rope_and_cache_refuses_a_slot_outside_the_cache():
     cos, sin = torch.randn(1, 1, 4), torch.randn(1, 1, 4)
     with pytest.raises(ValueError, match="out of range"):
         kernels.load().rope_and_cache(q, k, v, cos, sin, torch.zeros(3, 1, 4), torch.zeros(3, 1, 4), torch.tensor([3]))
+
+
+def _block_slots(tokens: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, int]:
+    """Slot rows of 16-position blocks scattered over a cache, as the block tables lay them out."""
+    blocks = (length + 15) // 16
+    order = torch.randperm(tokens * blocks + 3, generator=generator)
+    rows = [(order[t * blocks:(t + 1) * blocks, None] * 16 + torch.arange(16)).reshape(-1) for t in range(tokens)]
+    return torch.stack(rows), (tokens * blocks + 3) * 16
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 2, 128), (6, 3, 48), (4, 4, 16), (4, 2, 8)])
+def test_paged_attention_over_long_contexts_matches_sdpa(dtype, tol, heads, kv_heads, d):
+    # long contexts run as several splits whose partial softmaxes are combined; 700 and 513 end
+    # inside a block, 64 and 49 are a single split, 1 a single position
+    g = torch.Generator().manual_seed(700 + d)
+    lens = torch.tensor([700, 513, 64, 49, 1])
+    slots, n = _block_slots(5, 700, g)
+    k_cache = torch.randn(n, kv_heads, d, generator=g).to(dtype)
+    v_cache = torch.randn(n, kv_heads, d, generator=g).to(dtype)
+    q = torch.randn(5, heads, d, generator=g).to(dtype)
+    got = kernels.load().paged_attention(q, k_cache, v_cache, slots, lens, d ** -0.5)
+    assert got.dtype == dtype
+    assert torch.allclose(got.float(), _reference(q, k_cache, v_cache, slots, lens), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("d", [64, 8])
+def test_split_contexts_combine_sharp_softmaxes_exactly_enough(d):
+    # large scores: each split's maximum differs by far, so the combination must rescale the splits'
+    # sums and outputs by exp(m_split - m) to agree with one softmax over the whole context
+    g = torch.Generator().manual_seed(d)
+    slots, n = _block_slots(3, 1100, g)
+    k_cache, v_cache = torch.randn(n, 2, d, generator=g), torch.randn(n, 2, d, generator=g)
+    q = 6 * torch.randn(3, 4, d, generator=g)
+    lens = torch.tensor([1100, 777, 300])
+    got = kernels.load().paged_attention(q, k_cache, v_cache, slots, lens, d ** -0.5)
+    assert torch.allclose(got, _reference(q, k_cache, v_cache, slots, lens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tokens_attention_does_not_depend_on_its_batch_or_the_thread_count(dtype):
+    g = torch.Generator().manual_seed(3)
+    slots, n = _block_slots(6, 640, g)
+    k_cache = torch.randn(n, 3, 64, generator=g).to(dtype)
+    v_cache = torch.randn(n, 3, 64, generator=g).to(dtype)
+    q = torch.randn(6, 9, 64, generator=g).to(dtype)
+    lens = torch.tensor([600, 640, 17, 0, 300, 129])
+    op = kernels.load().paged_attention
+    batch = op(q, k_cache, v_cache, slots, lens, 0.125)
+    assert torch.equal(batch, op(q, k_cache, v_cache, slots, lens, 0.125))
+    assert batch[3].abs().sum() == 0   # no context: zeros
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for t in range(6):
+                alone = op(q[t:t + 1], k_cache, v_cache, slots[t:t + 1], lens[t:t + 1], 0.125)
+                assert torch.equal(alone[0], batch[t]), (n_threads, t)
+            # a shorter slot table (padding cut) and the token in another row change nothing either
+            pair = op(q[[4, 0]], k_cache, v_cache, slots[[4, 0], :600].contiguous(), lens[[4, 0]], 0.125)
+            assert torch.equal(pair[0], batch[4]) and torch.equal(pair[1], batch[0])
+    finally:
+        torch.set_num_threads(threads)

@@ -12,16 +12,21 @@
 //                                cache slots: one call instead of about a dozen small torch ops.
 //
 // All take float32 or bfloat16 tensors and accumulate in float32. Attention has an AVX512 path
-// (chosen from cpuid, like qlinear.cpp) for head sizes that are multiples of 16.
+// (chosen from cpuid, like qlinear.cpp) for head sizes that are multiples of 16: scores 16 positions
+// at a time (one transposing reduction instead of one per position; bf16 dot products with
+// vdpbf16ps where the CPU has them), a vectorised exp, and long contexts cut into splits that run
+// as separate tasks and combine in order (see split_count).
 
 #include "decode_ops.h"
 
 #include "qlinear.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -56,10 +61,94 @@ inline const float* as_float_row(const c10::BFloat16* src, int64_t d, float* buf
   return buf;
 }
 
+// ---- paged attention ----
+// A token's context is cut into splits of whole 16-position blocks (flash-decoding): a split yields,
+// per query head, the max m of its scores, the sum l of exp(s - m) and the unnormalised output
+// sum exp(s - m) v; the splits then combine in order. The splits follow from the token's length
+// alone, so its bits never depend on the batch it shares or on the thread count. From 4 blocks up
+// they come in pairs of at most kSplitBlocks blocks each: one token alone keeps two threads busy.
+constexpr int64_t kBlock = 16;
+constexpr int64_t kSplitBlocks = 32;
+constexpr int64_t kSplitMax = kBlock * kSplitBlocks;
+
+inline int64_t split_count(int64_t len) {
+  const int64_t blocks = (len + kBlock - 1) / kBlock;
+  if (blocks < 4) return 1;
+  return 2 * ((blocks + 2 * kSplitBlocks - 1) / (2 * kSplitBlocks));
+}
+
+// First position of split i of n (i == n gives len): whole blocks, as even as they come.
+inline int64_t split_begin(int64_t len, int64_t n, int64_t i) {
+  const int64_t blocks = (len + kBlock - 1) / kBlock;
+  return std::min(len, kBlock * (i * blocks / n));
+}
+
+// A split's record for the `groups` query heads of one KV head: m[groups], l[groups], acc[groups][d].
+inline int64_t record_size(int64_t groups, int64_t d) { return groups * (d + 2); }
+
+// Positions 0..n-1 of `slot` for the query heads of KV head hk; scalar (any head size, any ISA).
+template <typename T>
+void split_scalar(const T* qh, float sc, const T* k_cache, const T* v_cache, const int64_t* slot, int64_t n,
+                  int64_t hk, int64_t hkv, int64_t d, int64_t groups, float* rec) {
+  thread_local std::vector<float> qf, row;
+  qf.resize(static_cast<size_t>(d));
+  row.resize(static_cast<size_t>(d));
+  float s[kSplitMax];
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(qh[g * d + i]) * sc;
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < n; ++l) {
+      const float* kr = as_float_row(k_cache + (slot[l] * hkv + hk) * d, d, row.data());
+      float acc = 0.f;
+      for (int64_t i = 0; i < d; ++i) acc += qf[i] * kr[i];
+      s[l] = acc;
+      mx = std::max(mx, acc);
+    }
+    float sum = 0.f;
+    for (int64_t l = 0; l < n; ++l) {
+      s[l] = std::exp(s[l] - mx);
+      sum += s[l];
+    }
+    float* acc = rec + 2 * groups + g * d;
+    std::fill(acc, acc + d, 0.f);
+    for (int64_t l = 0; l < n; ++l) {
+      const float* vr = as_float_row(v_cache + (slot[l] * hkv + hk) * d, d, row.data());
+      for (int64_t i = 0; i < d; ++i) acc[i] += s[l] * vr[i];
+    }
+    rec[g] = mx;
+    rec[groups + g] = sum;
+  }
+}
+
+// out[g] = the splits' outputs weighted by exp(m_s - max m), over the same weighting of their sums;
+// in split order, so the bits never depend on which thread finished last.
+template <typename T>
+void combine_splits(const float* recs, int64_t splits, int64_t groups, int64_t d, T* out) {
+  const int64_t size = record_size(groups, d);
+  thread_local std::vector<float> o;
+  o.resize(static_cast<size_t>(d));
+  for (int64_t g = 0; g < groups; ++g) {
+    float mx = -INFINITY;
+    for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, recs[s * size + g]);
+    float sum = 0.f;
+    std::fill(o.begin(), o.end(), 0.f);
+    for (int64_t s = 0; s < splits; ++s) {
+      const float* r = recs + s * size;
+      const float w = std::exp(r[g] - mx);
+      sum += w * r[groups + g];
+      const float* acc = r + 2 * groups + g * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += w * acc[i];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<T>(o[i] * inv);
+  }
+}
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define KILN_ATTN_X86 1
 #include <immintrin.h>
 #define KILN_ATTN_AVX512 __attribute__((target("avx512f,fma")))
+#define KILN_ATTN_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
 
 bool attn_avx512() {
   static const bool ok = [] {
@@ -69,74 +158,290 @@ bool attn_avx512() {
   return ok;
 }
 
-KILN_ATTN_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+// bf16 dot products straight from the cache rows (vdpbf16ps: exact products, float32 sums).
+bool attn_bf16_dot() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return attn_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return ok;
+}
+
+constexpr int kMaxNV = 16;   // head_dim up to 256 on the vector path
+
 KILN_ATTN_AVX512 inline __m512 load16(const c10::BFloat16* p) {
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
-// D a multiple of 16 and at most 256: the query and the accumulator stay in registers' reach.
+// A row as nv float32 vectors. bf16 widens 32 values at a time into an (even, odd) pair of vectors,
+// one shift or mask per 16 values; queries and outputs use the same lane order (layout_of).
+KILN_ATTN_AVX512 inline void load_row(const float* p, int nv, __m512* r) {
+  for (int v = 0; v < nv; ++v) r[v] = _mm512_loadu_ps(p + 16 * v);
+}
+KILN_ATTN_AVX512 inline void load_row(const c10::BFloat16* p, int nv, __m512* r) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  int v = 0;
+  for (; v + 2 <= nv; v += 2) {
+    const __m512i w = _mm512_loadu_si512(p + 16 * v);
+    r[v] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    r[v + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+  }
+  if (v < nv) r[v] = load16(p + 16 * v);
+}
+
+// Where element i of a row lands in load_row's vectors (vector * 16 + lane).
 template <typename T>
-KILN_ATTN_AVX512 void attend_avx512(const float* qf, const T* k_cache, const T* v_cache, const int64_t* slot,
-                                    int64_t len, int64_t hk, int64_t hkv, int64_t d, float* scores, float* out) {
-  const int64_t nv = d / 16;
-  __m512 q[16];
-  for (int64_t v = 0; v < nv; ++v) q[v] = _mm512_loadu_ps(qf + 16 * v);
-  float mx = -INFINITY;
-  for (int64_t l = 0; l < len; ++l) {
-    const T* kr = k_cache + (slot[l] * hkv + hk) * d;
-    __m512 acc = _mm512_mul_ps(q[0], load16(kr));
-    for (int64_t v = 1; v < nv; ++v) acc = _mm512_fmadd_ps(q[v], load16(kr + 16 * v), acc);
-    const float s = _mm512_reduce_add_ps(acc);
-    scores[l] = s;
-    mx = s > mx ? s : mx;
+inline int64_t layout_of(int64_t i, int64_t nv) {
+  if (std::is_same<T, float>::value || i >= (nv / 2) * 32) return i;
+  const int64_t c = i / 32, r = i % 32;
+  return (2 * c + (r & 1)) * 16 + (r >> 1);
+}
+
+// Lane p of the result = the sum of the 16 lanes of a[4 * (p % 4) + p / 4]: a transposing tree of
+// 15 adds for 16 dot products instead of one horizontal reduction each.
+KILN_ATTN_AVX512 inline __m512 reduce16(const __m512* a) {
+  __m512 y[8], z[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * i], z[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(z[2 * i], z[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+// exp(x) for x <= 0 (scores minus their max): Cephes' expf polynomial, about 1e-7 relative; NaN
+// passes through.
+KILN_ATTN_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-110.f), x);   // max(c, NaN) is NaN; exp(-110) is 0 in float
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 lanes_below(int64_t m) {
+  return m >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << m) - 1);
+}
+
+// The 16 rows of the block at b (the last row repeated past n), in reduce16's order.
+template <typename T>
+inline void block_rows(const T* cache, const int64_t* slot, int64_t b, int64_t n, int64_t hk, int64_t hkv,
+                       int64_t d, const T** rows) {
+  const int64_t last = n - 1 - b;
+  for (int j = 0; j < 16; ++j) {
+    const int64_t p = 4 * (j % 4) + j / 4;
+    rows[j] = cache + (slot[b + std::min<int64_t>(p, last)] * hkv + hk) * d;
   }
-  float sum = 0.f;
-  for (int64_t l = 0; l < len; ++l) {
-    scores[l] = std::exp(scores[l] - mx);
-    sum += scores[l];
+}
+
+// Scores of positions 0..n-1 for hb queries (q: hb rows in load_row's layout, already scaled) into
+// s[h * kSplitMax + l]; lanes past n in the last block are -inf.
+template <typename T, int NV>
+KILN_ATTN_AVX512 void qk_fma(const float* q, int64_t hb, int nv_rt, const T* k_cache, const int64_t* slot, int64_t n,
+                             int64_t hk, int64_t hkv, int64_t d, float* s) {
+  const int nv = NV > 0 ? NV : nv_rt;
+  for (int64_t b = 0; b < n; b += 16) {
+    const T* rows[16];
+    block_rows(k_cache, slot, b, n, hk, hkv, d, rows);
+    const __mmask16 valid = lanes_below(n - b);
+    for (int64_t h = 0; h < hb; ++h) {
+      __m512 qv[kMaxNV];
+      for (int v = 0; v < nv; ++v) qv[v] = _mm512_loadu_ps(q + (h * nv + v) * 16);
+      __m512 a[16];
+      for (int j = 0; j < 16; ++j) {
+        __m512 k[kMaxNV];
+        load_row(rows[j], nv, k);
+        a[j] = _mm512_mul_ps(qv[0], k[0]);
+        for (int v = 1; v < nv; ++v) a[j] = _mm512_fmadd_ps(qv[v], k[v], a[j]);
+      }
+      _mm512_storeu_ps(s + h * kSplitMax + b, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, reduce16(a)));
+    }
   }
-  __m512 acc[16];
-  for (int64_t v = 0; v < nv; ++v) acc[v] = _mm512_setzero_ps();
-  for (int64_t l = 0; l < len; ++l) {
-    const T* vr = v_cache + (slot[l] * hkv + hk) * d;
-    const __m512 p = _mm512_set1_ps(scores[l]);
-    for (int64_t v = 0; v < nv; ++v) acc[v] = _mm512_fmadd_ps(p, load16(vr + 16 * v), acc[v]);
+}
+
+// qk_fma for bf16 with d a multiple of 32, q as it is (hb rows of d) and the scale applied to the sums.
+template <int NC>
+KILN_ATTN_BF16 void qk_bf16(const c10::BFloat16* q, float sc, int64_t hb, int nc_rt, const c10::BFloat16* k_cache,
+                            const int64_t* slot, int64_t n, int64_t hk, int64_t hkv, int64_t d, float* s) {
+  const int nc = NC > 0 ? NC : nc_rt;
+  const __m512 scale = _mm512_set1_ps(sc);
+  for (int64_t b = 0; b < n; b += 16) {
+    const c10::BFloat16* rows[16];
+    block_rows(k_cache, slot, b, n, hk, hkv, d, rows);
+    const __mmask16 valid = lanes_below(n - b);
+    for (int64_t h = 0; h < hb; ++h) {
+      __m512i qv[kMaxNV / 2];
+      for (int c = 0; c < nc; ++c) qv[c] = _mm512_loadu_si512(q + h * d + 32 * c);
+      __m512 a[16];
+      for (int j = 0; j < 16; ++j) {
+        a[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qv[0], (__m512bh)_mm512_loadu_si512(rows[j]));
+        for (int c = 1; c < nc; ++c)
+          a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(rows[j] + 32 * c));
+      }
+      const __m512 r = _mm512_mul_ps(reduce16(a), scale);
+      _mm512_storeu_ps(s + h * kSplitMax + b, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, r));
+    }
   }
-  const __m512 inv = _mm512_set1_ps(1.f / sum);
-  for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(acc[v], inv));
+}
+
+// Query heads sharing one pass over V: their accumulators stay in registers.
+constexpr int heads_per_pass(int nv) { return nv <= 0 ? 1 : nv >= 16 ? 1 : 16 / nv >= 4 ? 4 : 16 / nv; }
+
+// Softmax of the hb score rows in place (p = exp(s - m), 0 past n): m and l of heads g0.. in rec.
+template <int HB>
+KILN_ATTN_AVX512 void softmax_rows(float* s, int64_t hb, int64_t n, int64_t groups, int64_t g0, float* rec) {
+  float mh[HB];   // all maxima first: the heads' reductions overlap
+  for (int64_t h = 0; h < hb; ++h) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t b = 0; b < n; b += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + h * kSplitMax + b));
+    mh[h] = _mm512_reduce_max_ps(mx);
+  }
+  for (int64_t h = 0; h < hb; ++h) {
+    float* sh = s + h * kSplitMax;
+    const float m = mh[h];
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n; b += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + b), _mm512_set1_ps(m)));
+      const __m512 p = _mm512_maskz_mov_ps(lanes_below(n - b), e);
+      _mm512_storeu_ps(sh + b, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    rec[g0 + h] = m;
+    rec[groups + g0 + h] = _mm512_reduce_add_ps(sum);
+  }
+}
+
+// The hb heads' outputs over V (p in s): acc of heads g0..g0+hb-1 in rec, in load_row's lane order.
+template <typename T, int NV>
+KILN_ATTN_AVX512 void pv_fma(const float* s, int64_t hb, int nv_rt, const T* v_cache, const int64_t* slot, int64_t n,
+                             int64_t hk, int64_t hkv, int64_t d, int64_t groups, int64_t g0, float* rec) {
+  constexpr int HB = heads_per_pass(NV);
+  const int nv = NV > 0 ? NV : nv_rt;
+  __m512 acc[HB][kMaxNV];
+  for (int h = 0; h < HB; ++h)
+    for (int v = 0; v < nv; ++v) acc[h][v] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < n; ++l) {
+    __m512 vr[kMaxNV];
+    load_row(v_cache + (slot[l] * hkv + hk) * d, nv, vr);
+    for (int h = 0; h < HB; ++h) {
+      if (h >= hb) break;
+      const __m512 p = _mm512_set1_ps(s[h * kSplitMax + l]);
+      for (int v = 0; v < nv; ++v) acc[h][v] = _mm512_fmadd_ps(p, vr[v], acc[h][v]);
+    }
+  }
+  for (int64_t h = 0; h < hb; ++h)   // in load_row's lane order: combine_splits puts it right
+    for (int v = 0; v < nv; ++v) _mm512_storeu_ps(rec + 2 * groups + (g0 + h) * d + 16 * v, acc[h][v]);
+}
+
+// A row's float32 vectors (load_row's lane order) times inv, stored in T as the scalar cast rounds.
+KILN_ATTN_AVX512 inline void store_row(float* p, int nv, const __m512* o, __m512 inv) {
+  for (int v = 0; v < nv; ++v) _mm512_storeu_ps(p + 16 * v, _mm512_mul_ps(o[v], inv));
+}
+// c10's float -> bfloat16 rounding (nearest even, NaN -> 0x7FC0), in the low half of each lane
+KILN_ATTN_AVX512 inline __m512i bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+KILN_ATTN_AVX512 inline void store_row(c10::BFloat16* p, int nv, const __m512* o, __m512 inv) {
+  int v = 0;
+  for (; v + 2 <= nv; v += 2) {   // an (even, odd) pair interleaves back into 32 values in order
+    const __m512i even = bf16_bits(_mm512_mul_ps(o[v], inv)), odd = bf16_bits(_mm512_mul_ps(o[v + 1], inv));
+    _mm512_storeu_si512(p + 16 * v, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+  }
+  if (v < nv) {
+    const __m256i last = _mm512_cvtepi32_epi16(bf16_bits(_mm512_mul_ps(o[v], inv)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * v), last);
+  }
+}
+
+// combine_splits on AVX512, for records in load_row's lane order.
+template <typename T>
+KILN_ATTN_AVX512 void combine_avx512(const float* recs, int64_t splits, int64_t groups, int64_t d, T* out) {
+  const int nv = static_cast<int>(d / 16);
+  const int64_t size = record_size(groups, d);
+  for (int64_t g = 0; g < groups; ++g) {
+    float mx = -INFINITY;
+    for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, recs[s * size + g]);
+    __m512 o[kMaxNV];
+    for (int v = 0; v < nv; ++v) o[v] = _mm512_setzero_ps();
+    float sum = 0.f;
+    for (int64_t s = 0; s < splits; ++s) {
+      const float* r = recs + s * size;
+      const float w = std::exp(r[g] - mx);
+      sum += w * r[groups + g];
+      const __m512 wv = _mm512_set1_ps(w);
+      const float* acc = r + 2 * groups + g * d;
+      for (int v = 0; v < nv; ++v) o[v] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(acc + 16 * v), o[v]);
+    }
+    store_row(out + g * d, nv, o, _mm512_set1_ps(1.f / sum));
+  }
+}
+
+// split_scalar on AVX512, d a multiple of 16 up to 256 (NV = d / 16, or 0: read from d).
+template <typename T, int NV>
+KILN_ATTN_AVX512 void split_avx512(const T* qh, float sc, const T* k_cache, const T* v_cache, const int64_t* slot,
+                                   int64_t n, int64_t hk, int64_t hkv, int64_t d, int64_t groups, bool bf16_dot,
+                                   float* rec) {
+  constexpr int HB = heads_per_pass(NV);
+  const int nv = static_cast<int>(d / 16);
+  float s[HB * kSplitMax];
+  float q[HB * 16 * kMaxNV];
+  for (int64_t g0 = 0; g0 < groups; g0 += HB) {
+    const int64_t hb = std::min<int64_t>(HB, groups - g0);
+    const T* qg = qh + g0 * d;
+    if constexpr (std::is_same<T, c10::BFloat16>::value) {
+      if (bf16_dot) {
+        switch (nv) {
+          case 2: qk_bf16<1>(qg, sc, hb, 1, k_cache, slot, n, hk, hkv, d, s); break;
+          case 4: qk_bf16<2>(qg, sc, hb, 2, k_cache, slot, n, hk, hkv, d, s); break;
+          case 8: qk_bf16<4>(qg, sc, hb, 4, k_cache, slot, n, hk, hkv, d, s); break;
+          default: qk_bf16<0>(qg, sc, hb, nv / 2, k_cache, slot, n, hk, hkv, d, s); break;
+        }
+        softmax_rows<HB>(s, hb, n, groups, g0, rec);
+        pv_fma<T, NV>(s, hb, nv, v_cache, slot, n, hk, hkv, d, groups, g0, rec);
+        continue;
+      }
+    }
+    for (int64_t h = 0; h < hb; ++h)
+      for (int64_t i = 0; i < d; ++i) q[h * d + layout_of<T>(i, nv)] = static_cast<float>(qg[h * d + i]) * sc;
+    qk_fma<T, NV>(q, hb, nv, k_cache, slot, n, hk, hkv, d, s);
+    softmax_rows<HB>(s, hb, n, groups, g0, rec);
+    pv_fma<T, NV>(s, hb, nv, v_cache, slot, n, hk, hkv, d, groups, g0, rec);
+  }
+}
+
+template <typename T>
+void split_vector(const T* qh, float sc, const T* k_cache, const T* v_cache, const int64_t* slot, int64_t n,
+                  int64_t hk, int64_t hkv, int64_t d, int64_t groups, bool bf16_dot, float* rec) {
+  switch (d) {
+    case 32: split_avx512<T, 2>(qh, sc, k_cache, v_cache, slot, n, hk, hkv, d, groups, bf16_dot, rec); break;
+    case 64: split_avx512<T, 4>(qh, sc, k_cache, v_cache, slot, n, hk, hkv, d, groups, bf16_dot, rec); break;
+    case 128: split_avx512<T, 8>(qh, sc, k_cache, v_cache, slot, n, hk, hkv, d, groups, bf16_dot, rec); break;
+    default: split_avx512<T, 0>(qh, sc, k_cache, v_cache, slot, n, hk, hkv, d, groups, bf16_dot, rec); break;
+  }
 }
 #endif
 
-template <typename T>
-void attend_scalar(const float* qf, const T* k_cache, const T* v_cache, const int64_t* slot, int64_t len,
-                   int64_t hk, int64_t hkv, int64_t d, float* scores, float* out, float* row) {
-  float mx = -INFINITY;
-  for (int64_t l = 0; l < len; ++l) {
-    const float* kr = as_float_row(k_cache + (slot[l] * hkv + hk) * d, d, row);
-    float s = 0.f;
-    for (int64_t i = 0; i < d; ++i) s += qf[i] * kr[i];
-    scores[l] = s;
-    mx = std::max(mx, s);
-  }
-  float sum = 0.f;
-  for (int64_t l = 0; l < len; ++l) {
-    scores[l] = std::exp(scores[l] - mx);
-    sum += scores[l];
-  }
-  std::fill(out, out + d, 0.f);
-  for (int64_t l = 0; l < len; ++l) {
-    const float* vr = as_float_row(v_cache + (slot[l] * hkv + hk) * d, d, row);
-    const float p = scores[l];
-    for (int64_t i = 0; i < d; ++i) out[i] += p * vr[i];
-  }
-  const float inv = 1.f / sum;
-  for (int64_t i = 0; i < d; ++i) out[i] *= inv;
-}
-
 // Query token t attends to positions 0..lens[t]-1 of slot row t: out[t, h] for every head h.
-// Tasks are (token, KV head), on the kernels' pool; the query heads of a KV head reuse the K/V rows
-// while they are in cache.
+// Tasks are (token, split, KV heads) on the kernels' pool; a KV head's query heads share each pass
+// over its K and V rows. A token with several splits is combined by whichever of its tasks ends last
+// (the combination itself is in split order). How tasks group heads never changes a bit.
 template <typename T>
 void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                           const torch::Tensor& slots, const torch::Tensor& lens, double scale, torch::Tensor& out) {
@@ -151,37 +456,71 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
   const int64_t q_stride = q.stride(0);
   const float sc = static_cast<float>(scale);
 #ifdef KILN_ATTN_X86
-  const bool vec = attn_avx512() && d % 16 == 0 && d <= 256;
-#else
-  const bool vec = false;
+  const bool vec = attn_avx512() && d % 16 == 0 && d <= 16 * kMaxNV;
+  const bool bf16_dot = vec && d % 32 == 0 && attn_bf16_dot();
 #endif
-  kiln::parallel_tasks(tokens * hkv, [&](int64_t task) {
-    thread_local std::vector<float> scores, qf, res, row;
-    scores.resize(static_cast<size_t>(lmax));
-    qf.resize(static_cast<size_t>(d));
-    res.resize(static_cast<size_t>(d));
-    row.resize(static_cast<size_t>(d));
-    const int64_t t = task / hkv, hk = task % hkv;
-    const int64_t len = std::min(lp[t], lmax);
-    const int64_t* slot = sp + t * lmax;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t h = hk * groups + g;
-      const T* qh = qp + t * q_stride + h * d;
-      for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(qh[i]) * sc;
-      if (len <= 0) {
-        std::fill(res.begin(), res.end(), 0.f);
-      } else {
+  // the buffers below are the calling thread's: the tasks, on other threads too, use them through
+  // pointers. task_end[t]: tasks of tokens 0..t; first_rec[t]: where token t's split records start.
+  thread_local std::vector<int64_t> task_end_buf, first_rec_buf;
+  thread_local std::vector<float> rec_buf;
+  task_end_buf.resize(static_cast<size_t>(tokens));
+  first_rec_buf.resize(static_cast<size_t>(tokens));
+  int64_t units = 0;   // (token, split) pairs
+  for (int64_t t = 0; t < tokens; ++t) units += split_count(std::max<int64_t>(0, std::min(lp[t], lmax)));
+  // KV heads per task: all of a position's rows at once when there are splits enough to go round
+  const int64_t per_task = units >= 2 * at::get_num_threads() ? hkv : 1, chunks = hkv / per_task;
+  const int64_t size = record_size(groups, d);
+  int64_t tasks = 0, records = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t splits = split_count(std::max<int64_t>(0, std::min(lp[t], lmax)));
+    tasks += chunks * splits;
+    task_end_buf[t] = tasks;
+    first_rec_buf[t] = records;
+    if (splits > 1) records += hkv * splits;
+  }
+  if (rec_buf.size() < static_cast<size_t>(records * size)) rec_buf.resize(static_cast<size_t>(records * size));
+  const int64_t* task_end = task_end_buf.data();
+  const int64_t* first_rec = first_rec_buf.data();
+  float* recs = rec_buf.data();
+  const auto finish = [&](const float* first, int64_t splits, T* oh) {
 #ifdef KILN_ATTN_X86
-        if (vec) {
-          attend_avx512<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data());
-        } else
+    if (vec) return combine_avx512<T>(first, splits, groups, d, oh);
 #endif
-        {
-          attend_scalar<T>(qf.data(), kp, vp, slot, len, hk, hkv, d, scores.data(), res.data(), row.data());
-        }
+    combine_splits<T>(first, splits, groups, d, oh);
+  };
+  std::vector<std::atomic<int32_t>> done(records > 0 ? static_cast<size_t>(tokens) : 0);
+  kiln::parallel_tasks(tasks, [&](int64_t task) {
+    const int64_t t = std::upper_bound(task_end, task_end + tokens, task) - task_end;
+    const int64_t len = std::max<int64_t>(0, std::min(lp[t], lmax));
+    const int64_t splits = split_count(len);
+    const int64_t local = task - (t > 0 ? task_end[t - 1] : 0), sidx = local / chunks;
+    const int64_t hk0 = (local % chunks) * per_task;
+    if (len == 0) {
+      T* oh = op + (t * heads + hk0 * groups) * d;
+      std::fill(oh, oh + per_task * groups * d, static_cast<T>(0.f));
+      return;
+    }
+    const int64_t l0 = split_begin(len, splits, sidx), n = split_begin(len, splits, sidx + 1) - l0;
+    const int64_t* slot = sp + t * lmax + l0;
+    thread_local std::vector<float> own;
+    if (splits == 1) own.resize(static_cast<size_t>(size));
+    for (int64_t hk = hk0; hk < hk0 + per_task; ++hk) {
+      float* rec = splits > 1 ? recs + (first_rec[t] + hk * splits + sidx) * size : own.data();
+      const T* qh = qp + t * q_stride + hk * groups * d;
+#ifdef KILN_ATTN_X86
+      if (vec) {
+        split_vector<T>(qh, sc, kp, vp, slot, n, hk, hkv, d, groups, bf16_dot, rec);
+      } else
+#endif
+      {
+        split_scalar<T>(qh, sc, kp, vp, slot, n, hk, hkv, d, groups, rec);
       }
-      T* oh = op + (t * heads + h) * d;
-      for (int64_t i = 0; i < d; ++i) oh[i] = static_cast<T>(res[i]);
+      if (splits == 1) finish(rec, 1, op + (t * heads + hk * groups) * d);
+    }
+    // the last of the token's tasks acquires the others' records (each released by its fetch_add)
+    if (splits > 1 && done[t].fetch_add(1, std::memory_order_acq_rel) + 1 == splits * chunks) {
+      for (int64_t hk = 0; hk < hkv; ++hk)
+        finish(recs + (first_rec[t] + hk * splits) * size, splits, op + (t * heads + hk * groups) * d);
     }
   });
 }
