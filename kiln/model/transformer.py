@@ -161,15 +161,25 @@ class Attention(nn.Module):
 
     def _prefill_fresh(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         n = q.shape[0]
+        dtype = q.dtype
+        if q.is_cpu and dtype == torch.bfloat16:
+            # torch's CPU flash attention is faster in float32 than in bfloat16 (measured 4.3 vs 5.8 ms
+            # a layer for a 500-token prompt; the same at 100), and no less exact
+            q, k, v = q.float(), k.float(), v.float()
         # 4-D inputs: the CPU flash kernel does not take 3-D ones (they fall back to the math path)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
             is_causal=True, enable_gqa=True,
         )
-        return out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
+        return out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_dim).to(dtype)
 
     def _prefill_with_context(self, q: Tensor, ck: Tensor, cv: Tensor, mask: Tensor) -> Tensor:
         n = q.shape[0]
+        dtype = q.dtype
+        if q.is_cpu and dtype == torch.bfloat16:
+            # float32 like _prefill_fresh: a prompt read over a cached prefix must give what the same
+            # prompt read fresh gives (concurrent requests equal sequential ones)
+            q, ck, cv = q.float(), ck.float(), cv.float()
         # [Hkv, n*groups, D] with row i*groups+g = query i, head g of the KV group
         qg = q.view(n, self.num_kv_heads, self.groups, self.head_dim).transpose(0, 1)
         qg = qg.reshape(self.num_kv_heads, n * self.groups, self.head_dim)
@@ -177,7 +187,7 @@ class Attention(nn.Module):
             qg[None], ck.transpose(0, 1)[None], cv.transpose(0, 1)[None], attn_mask=mask[None, None]
         )[0]
         out = out.view(self.num_kv_heads, n, self.groups, self.head_dim).transpose(0, 1)
-        return out.reshape(n, self.num_heads * self.head_dim)
+        return out.reshape(n, self.num_heads * self.head_dim).to(dtype)
 
     def forward_dense(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                       lora: LoraDelta | None = None) -> Tensor:
