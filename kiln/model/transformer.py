@@ -18,6 +18,7 @@ from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import build_decode_stack
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
+from kiln.model.lora import MODULES as LORA_MODULES
 from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.quant import PackedWeight, quant_linear
 from kiln.model.rope import RotaryTables, apply_rope
@@ -79,6 +80,21 @@ def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, na
     packed = getattr(linear, "packed", None) if packed_ok else None
     y = quant_linear(x, packed, linear.bias) if packed is not None else linear(x)
     return y if lora is None else lora.apply(y, x, layer, name)
+
+
+def _stack_takes(lora: LoraDelta | None) -> bool:
+    """The stack adds adapters' deltas itself only for a serving bank with float32 factors."""
+    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype == torch.float32
+                            and not lora.step.segments)
+
+
+def _stack_lora(lora: LoraDelta | None) -> tuple[Any, list[Tensor | None], list[Tensor | None]]:
+    """DecodeStack.forward's adapter arguments: slots per row and each module's factors (None: unused)."""
+    if not isinstance(lora, BankRouting) or lora.step.decode_slots is None:
+        return None, [], []
+    bank = lora.bank
+    return (lora.step.decode_slots, [bank.a[m] if bank.used[m] else None for m in LORA_MODULES],
+            [bank.b[m] if bank.used[m] else None for m in LORA_MODULES])
 
 
 class Attention(nn.Module):
@@ -330,7 +346,8 @@ class Transformer(nn.Module):
             stack = self._stack_for(ctx, h, kv_cache)
             if stack is not None:
                 h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping,
-                                  attn.decode_context_slots, attn.decode_context_lens, self.config.head_dim ** -0.5)
+                                  attn.decode_context_slots, attn.decode_context_lens, self.config.head_dim ** -0.5,
+                                  *_stack_lora(ctx.lora))
             else:
                 for i, layer in enumerate(self.model.layers):
                     h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
@@ -339,7 +356,7 @@ class Transformer(nn.Module):
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:
         """The C++ DecodeStack when this step may use it: decodes only, no adapter, one dtype throughout."""
         kern = ctx.kernels
-        if (kern is None or not use_decode_stack or ctx.attn.prefills or ctx.lora is not None
+        if (kern is None or not use_decode_stack or ctx.attn.prefills or not _stack_takes(ctx.lora)
                 or self._decode_stack is False or not hasattr(kern, "DecodeStack")
                 or not (h.dtype == ctx.cos.dtype == kv_cache.dtype == self.model.norm.weight.dtype)):
             return None

@@ -10,6 +10,7 @@ from kiln.model import kernels
 from kiln.model import transformer as transformer_module
 from kiln.model.kv_cache import KVCache, build_attention_metadata
 from kiln.model.loader import load_model
+from kiln.model.lora import MODULES, LoraBank, build_lora_step, module_shapes
 from kiln.model.transformer import Transformer
 
 from .conftest import make_hf
@@ -31,26 +32,33 @@ def _packed(tmp_path, kind: str, quantization: str = "q4_1", dtype: str = "bfloa
     return model
 
 
-def _forward(model: Transformer, cache: KVCache, items: list[tuple[list[int], list[int], int]]) -> torch.Tensor:
-    """items: (block table, all ids so far, computed); logits of every fed token."""
+def _forward(model: Transformer, cache: KVCache, items: list[tuple[list[int], list[int], int]],
+             slots: list[int] | None = None) -> torch.Tensor:
+    """items: (block table, all ids so far, computed); logits of every fed token. `slots`: LoRA slot per item."""
     meta, positions = build_attention_metadata([(t, c, len(ids) - c) for t, ids, c in items], BLOCK, "cpu")
     flat = [tok for _, ids, c in items for tok in ids[c:]]
+    lora = None
+    if slots is not None:
+        lora = build_lora_step(slots, [len(ids) - c for _, ids, c in items], meta.num_decode_tokens,
+                               torch.device("cpu"))
     with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(flat), torch.tensor(positions), meta, cache), packed_ok=True)
+        hidden = model(torch.tensor(flat), torch.tensor(positions), meta, cache, lora)
+        return model.compute_logits(hidden, packed_ok=True)
 
 
-def _decode_run(model: Transformer, use_stack: bool, monkeypatch) -> tuple[list[torch.Tensor], KVCache]:
+def _decode_run(model: Transformer, use_stack: bool, monkeypatch,
+                slots: list[int] | None = None) -> tuple[list[torch.Tensor], KVCache]:
     """Prefill three prompts of different lengths, then six decode steps of all three together."""
     monkeypatch.setattr(transformer_module, "use_decode_stack", use_stack)
     cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
     gen = torch.Generator().manual_seed(3)
     seqs = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (5, 9, 7)]
-    for table, ids in zip(TABLES, seqs, strict=True):
-        _forward(model, cache, [(table, ids, 0)])
+    for i, (table, ids) in enumerate(zip(TABLES, seqs, strict=True)):
+        _forward(model, cache, [(table, ids, 0)], None if slots is None else [slots[i]])
     out = []
     for step in range(6):
         nxt = [(ids + [(step * 7 + i) % 96], len(ids)) for i, ids in enumerate(seqs)]
-        out.append(_forward(model, cache, [(t, ids, c) for t, (ids, c) in zip(TABLES, nxt, strict=True)]))
+        out.append(_forward(model, cache, [(t, ids, c) for t, (ids, c) in zip(TABLES, nxt, strict=True)], slots))
         seqs = [ids for ids, _ in nxt]
     return out, cache
 
@@ -96,3 +104,34 @@ def test_steps_with_a_prompt_chunk_do_not_use_the_stack(tmp_path, monkeypatch):
     cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
     _forward(model, cache, [(TABLES[0], [3, 4, 5], 0)])
     assert model._decode_stack is None   # never needed, never built
+
+
+def _install_adapters(model: Transformer, modules: tuple[str, ...]) -> None:
+    """Two random rank-4 adapters in slots 1 and 2 of a serving bank, on `modules` of every layer."""
+    cfg = model.config
+    bank = LoraBank(cfg, 3, 4, torch.float32, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(11)
+    for slot in (1, 2):
+        factors = {}
+        for layer in range(cfg.num_hidden_layers):
+            for name in modules:
+                i, o = module_shapes(cfg)[name]
+                factors[(layer, name)] = (torch.randn(4, i, generator=gen) * 0.2, torch.randn(o, 4, generator=gen) * 0.2,
+                                          2.0)
+        bank.set_slot(slot, factors)
+    model.lora_bank = bank
+
+
+@pytest.mark.parametrize("modules", [MODULES, ("q_proj", "v_proj", "down_proj")])
+def test_adapter_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, monkeypatch, modules):
+    model = _packed(tmp_path, "llama")
+    _install_adapters(model, modules)
+    slots = [1, 0, 2]   # two adapters and the base in one batch
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch, slots)
+    assert model._decode_stack not in (None, False)
+    layered, layered_cache = _decode_run(model, False, monkeypatch, slots)
+    for a, b in zip(stacked, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+    base, _ = _decode_run(model, True, monkeypatch, [0, 0, 0])
+    assert not torch.equal(base[-1][0], stacked[-1][0]) and torch.equal(base[-1][1], stacked[-1][1])

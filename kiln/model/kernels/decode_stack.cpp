@@ -11,10 +11,14 @@
 // same token computed in a mixed step there: a sequence's output never depends on which path carried
 // which of its steps. Projections whose outputs are concatenated (q/k/v, gate/up) may be one packed
 // weight: qlinear's outputs are per output row, so fusing them changes no value.
+//
+// Adapters: decode rows on LoRA slots get each projection's delta from the same BGMV kernel the
+// Python path calls (lora_bgmv_add), added in place to that projection's part of the fused output.
 
 #include "decode_stack.h"
 
 #include "decode_ops.h"
+#include "lora_bgmv.h"
 #include "qlinear.h"
 
 #include <vector>
@@ -53,27 +57,52 @@ class DecodeStack {
 
   // h [T, hidden] -> h after every layer. kv [layers, 2, slots, Hkv, D]; cos, sin [T, D] rows;
   // slot_mapping [T]; context_slots [T, L] and context_lens [T] as paged_attention takes them.
+  // With lora_slots [T] (int64, 0 = base): lora_a / lora_b hold, per module in the order q, k, v, o,
+  // gate, up, down, the bank's float32 factors [layers, S, R, in] / [layers, S, R, out], or None for a
+  // module no adapter uses.
   torch::Tensor forward(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& kv,
                         const torch::Tensor& slot_mapping, const torch::Tensor& context_slots,
-                        const torch::Tensor& context_lens, double scale) const {
+                        const torch::Tensor& context_lens, double scale,
+                        const c10::optional<torch::Tensor>& lora_slots,
+                        const std::vector<c10::optional<torch::Tensor>>& lora_a,
+                        const std::vector<c10::optional<torch::Tensor>>& lora_b) const {
     TORCH_CHECK_VALUE(kv.dim() == 5 && kv.size(0) == num_layers() && kv.size(1) == 2,
                       "DecodeStack.forward: kv must be [layers, 2, slots, Hkv, D]");
+    const bool lora = lora_slots.has_value() && lora_slots->defined();
+    TORCH_CHECK_VALUE(!lora || (lora_a.size() == 7 && lora_b.size() == 7),
+                      "DecodeStack.forward: lora_a and lora_b need one entry per module");
     const int64_t T = h.size(0);
     const int64_t qn = heads_ * head_dim_, kn = kv_heads_ * head_dim_;
+    // out[:, :] += x @ A[slot]^T @ B[slot] for module m of layer i, when some adapter uses it
+    auto add_lora = [&](int m, int64_t i, torch::Tensor out, const torch::Tensor& x) {
+      if (!lora || !lora_a[m].has_value() || !lora_a[m]->defined()) return;
+      lora_bgmv_add(std::move(out), x, lora_a[m]->select(0, i), lora_b[m]->select(0, i), *lora_slots, -1);
+    };
     for (int64_t i = 0; i < num_layers(); ++i) {
       const Layer& L = layers_[static_cast<size_t>(i)];
       auto k_cache = kv.select(0, i).select(0, 0);
       auto v_cache = kv.select(0, i).select(0, 1);
-      auto qkv = L.qkv(rms_norm(h, L.in_norm, eps_));
+      auto x = rms_norm(h, L.in_norm, eps_);
+      auto qkv = L.qkv(x);
+      add_lora(0, i, qkv.narrow(1, 0, qn), x);
+      add_lora(1, i, qkv.narrow(1, qn, kn), x);
+      add_lora(2, i, qkv.narrow(1, qn + kn, kn), x);
       auto q = qkv.narrow(1, 0, qn).contiguous().view({T, heads_, head_dim_});
       auto k = qkv.narrow(1, qn, kn).contiguous().view({T, kv_heads_, head_dim_});
       auto v = qkv.narrow(1, qn + kn, kn).contiguous().view({T, kv_heads_, head_dim_});
       rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
       auto attn = paged_attention(q, k_cache, v_cache, context_slots, context_lens, scale);
-      h = at::add(h, L.o(attn));
-      auto gu = L.gate_up(rms_norm(h, L.post_norm, eps_));
+      auto o = L.o(attn);
+      add_lora(3, i, o, attn);
+      h = at::add(h, o);
+      auto x2 = rms_norm(h, L.post_norm, eps_);
+      auto gu = L.gate_up(x2);
+      add_lora(4, i, gu.narrow(1, 0, inter_), x2);
+      add_lora(5, i, gu.narrow(1, inter_, inter_), x2);
       auto act = at::mul(at::silu(gu.narrow(1, 0, inter_)), gu.narrow(1, inter_, inter_));
-      h = at::add(h, L.down(act));
+      auto d = L.down(act);
+      add_lora(6, i, d, act);
+      h = at::add(h, d);
     }
     return h;
   }
@@ -109,7 +138,8 @@ void register_decode_stack(pybind11::module& m) {
       .def_property_readonly("num_layers", &DecodeStack::num_layers)
       .def("forward", &DecodeStack::forward, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("kv"),
            py::arg("slot_mapping"), py::arg("context_slots"), py::arg("context_lens"), py::arg("scale"),
-           py::call_guard<py::gil_scoped_release>());
+           py::arg("lora_slots") = py::none(), py::arg("lora_a") = std::vector<c10::optional<torch::Tensor>>(),
+           py::arg("lora_b") = std::vector<c10::optional<torch::Tensor>>(), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace kiln

@@ -11,7 +11,7 @@
 
 #include "lora_bgmv.h"
 
-#include <ATen/Parallel.h>
+#include "qlinear.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -27,7 +27,6 @@
 namespace {
 
 enum LoraIsa { LORA_SCALAR = 0, LORA_AVX2 = 1, LORA_AVX512 = 2 };
-constexpr int64_t kSerialRows = 32;
 
 int lora_isa() {
   static const int isa = [] {
@@ -213,12 +212,20 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
   const float* bf = b.data_ptr<float>();
   for (int64_t i = 0; i < rows; ++i)
     TORCH_CHECK_VALUE(slot[i] < S, "kiln lora_bgmv: slot ", slot[i], " is outside the bank's ", S, " slots");
-  // Contiguous runs of the slot-sorted rows per thread: an adapter's factors mostly stay with one core.
-  // Decode-sized calls stay on one thread: at 8 rows a fork/join costs more than it saves (measured).
-  const int64_t grain = std::max<int64_t>(kSerialRows, rows / std::max(1, at::get_num_threads()));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> xrow(K), xa(R), d(N);
-    for (int64_t j = begin; j < end; ++j) {
+  // One task per adapter (a run of slot-sorted rows) on the kernels' pool, which a decode step keeps
+  // awake: the adapters' factors are as many bytes as the base weights, so both cores should stream
+  // them. A row's result depends only on its own x and slot, never on the task split.
+  std::vector<int64_t> starts;
+  for (int64_t j = 0; j < rows; ++j)
+    if (slot[order[j]] > 0 && (starts.empty() || slot[order[j]] != slot[order[j - 1]])) starts.push_back(j);
+  const int64_t groups = static_cast<int64_t>(starts.size());
+  starts.push_back(rows);
+  kiln::parallel_tasks(groups, [&](int64_t g) {
+    thread_local std::vector<float> xrow, xa, d;
+    xrow.resize(static_cast<size_t>(K));
+    xa.resize(static_cast<size_t>(R));
+    d.resize(static_cast<size_t>(N));
+    for (int64_t j = starts[g]; j < starts[g + 1]; ++j) {
       const int64_t i = order[j];
       const int64_t s = slot[i];
       if (s <= 0) continue;
