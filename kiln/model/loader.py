@@ -14,6 +14,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from kiln.model.config import ModelConfig
+from kiln.model.dense_tiles import attach_dense_tiles
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.transformer import Transformer
@@ -105,6 +106,8 @@ def load_model(
                 weights.packed["lm_head.weight"] = emb
         model.attach_packed(weights.packed)
         weights.quantization = quantization
+    elif on_cpu and torch_dtype == torch.bfloat16:
+        attach_dense_tiles(model)
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     return model, weights

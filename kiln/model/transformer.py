@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import build_decode_stack
+from kiln.model.dense_tiles import dense_linear
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import MODULES as LORA_MODULES
 from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
@@ -76,9 +77,13 @@ def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, na
             packed_ok: bool = False) -> Tensor:
     """Base projection for the whole batch, plus each token's own LoRA delta when it has one.
 
-    `packed_ok` (the serving path) multiplies with the quantized weights when the model has them."""
+    `packed_ok` (the serving path) multiplies with the quantized weights when the model has them, or
+    with the bfloat16 tiles of the C++ dense kernel (kiln/model/dense_tiles.py)."""
     packed = getattr(linear, "packed", None) if packed_ok else None
-    y = quant_linear(x, packed, linear.bias) if packed is not None else linear(x)
+    if packed is not None:
+        y = quant_linear(x, packed, linear.bias)
+    else:
+        y = dense_linear(x, linear) if packed_ok else linear(x)
     return y if lora is None else lora.apply(y, x, layer, name)
 
 
@@ -421,6 +426,9 @@ class Transformer(nn.Module):
             # float32 in, float32 out: the kernel quantizes the same activations either way, and its
             # float32 sums are kept instead of being rounded to bfloat16 and widened again
             return quant_linear(hidden.float(), packed)
+        if packed_ok:
+            # float32 sums: bfloat16 logits 0.125 apart near 25 would tie (or flip) close tokens
+            return dense_linear(hidden, self.lm_head, out_float=True)
         return self.lm_head(hidden).float()
 
     def attach_packed(self, packed: dict[str, PackedWeight]) -> None:

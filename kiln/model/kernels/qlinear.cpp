@@ -21,6 +21,7 @@
 #include <torch/extension.h>
 
 #include "decode_ops.h"
+#include "dense_bf16.h"
 #include "decode_stack.h"
 #include "qlinear.h"
 #include "lora_bgmv.h"
@@ -705,6 +706,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
   kiln::register_decode_stack(m);
+  m.def("linear_bf16", &kiln::linear_bf16, "y = x @ W^T (+ bias), bfloat16 weights in 16-row tiles of K pairs", py::arg("x"),
+        py::arg("tiles"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(), py::arg("isa") = -1,
+        py::arg("out_float") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("bf16_dot_supported", &kiln::bf16_dot_supported, "whether linear_bf16 runs on AVX512-BF16");
   m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode rows)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());
