@@ -24,7 +24,7 @@ def store(tmp_path):
 def test_composition_equals_the_scaled_sum_of_deltas(store):
     composed = CompositionCache(store).compose([{"name": "a", "scale": 0.5}, {"name": "b", "scale": -2.0}])
     ma, mb = store.load_lora_tensors("a"), store.load_lora_tensors("b")
-    x = torch.randn(3, 24)
+    x = torch.randn(3, 24, generator=torch.Generator().manual_seed(0))
     assert set(composed.modules) == set(ma) | set(mb)
     for key, (a, b, scale) in composed.modules.items():
         assert scale == 1.0
@@ -34,7 +34,8 @@ def test_composition_equals_the_scaled_sum_of_deltas(store):
             if key in mods:
                 la, lb, ls = mods[key]
                 expected += s * ls * (xin @ la.T @ lb.T)
-        torch.testing.assert_close(xin @ a.T @ b.T, expected)
+        # the same sums in another order: float32 rounding, not the default's near-bitwise tolerance
+        torch.testing.assert_close(xin @ a.T @ b.T, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_shared_module_rank_is_the_sum_of_ranks(store):

@@ -75,6 +75,18 @@ def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, 
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_dense_bfloat16_tiles_run_in_the_stack_with_identical_bits(tmp_path, monkeypatch, kind):
+    model = _packed(tmp_path, kind, quantization="none", dtype="bfloat16")
+    if not hasattr(model.model.layers[0].self_attn.q_proj, "dense_tiles"):
+        pytest.skip("no AVX512-BF16 on this CPU: the dense kernel is not used")
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch)
+    assert model._decode_stack not in (None, False)
+    layered, layered_cache = _decode_run(model, False, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
 def test_q8_0_weights_run_in_the_stack_too(tmp_path, monkeypatch):
     model = _packed(tmp_path, "llama", quantization="q8_0")
     stacked, _ = _decode_run(model, True, monkeypatch)
@@ -94,9 +106,9 @@ def test_models_the_stack_cannot_run_keep_the_layer_path(tmp_path, monkeypatch):
     qwen3 = _packed(tmp_path, "qwen3")   # q/k norm
     _decode_run(qwen3, True, monkeypatch)
     assert qwen3._decode_stack is False
-    dense = _packed(tmp_path, "llama", quantization="none")
-    _decode_run(dense, True, monkeypatch)
-    assert dense._decode_stack is False
+    dense32 = _packed(tmp_path, "llama", quantization="none", dtype="float32")   # no kernel weights
+    _decode_run(dense32, True, monkeypatch)
+    assert dense32._decode_stack is False
 
 
 def test_steps_with_a_prompt_chunk_do_not_use_the_stack(tmp_path, monkeypatch):

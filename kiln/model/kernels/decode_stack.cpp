@@ -1,4 +1,5 @@
-// DecodeStack: the decoder layers of a quantized model for steps whose every token is a decode.
+// DecodeStack: the decoder layers of a CPU-served model (packed q4_1 / q8_0 weights, or bfloat16 tiles
+// of the dense kernel) for steps whose every token is a decode.
 //
 // A decode step spends as long in Python's per-op overhead (about 25 small calls per layer) as in
 // the matmuls; this class runs the same sequence of calls from C++ instead:
@@ -18,6 +19,7 @@
 #include "decode_stack.h"
 
 #include "decode_ops.h"
+#include "dense_bf16.h"
 #include "lora_bgmv.h"
 #include "qlinear.h"
 
@@ -31,7 +33,11 @@ struct Projection {
   int64_t kind, n, k;
   c10::optional<torch::Tensor> bias;
 
-  torch::Tensor operator()(const torch::Tensor& x) const { return qlinear(x, qs, scales, kind, n, k, bias, -1); }
+  // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs)
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    if (kind == 2) return linear_bf16(x, qs, n, k, bias, -1, false);
+    return qlinear(x, qs, scales, kind, n, k, bias, -1);
+  }
 };
 
 struct Layer {
@@ -109,13 +115,13 @@ class DecodeStack {
 
  private:
   static Projection to_projection(const py::object& packed) {
-    // a kiln.model.quant.PackedWeight (+ `bias`, set by the Python side)
+    // kiln/model/decode_stack.py's projection: qs, scales, kind, out_features, in_features, bias
     Projection p;
     p.qs = packed.attr("qs").cast<torch::Tensor>();
-    p.scales = packed.attr("scales").cast<torch::Tensor>();
     const auto kind = packed.attr("kind").cast<std::string>();
-    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0", "DecodeStack: unknown weight kind ", kind);
-    p.kind = kind == "q4_1" ? 0 : 1;
+    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16", "DecodeStack: unknown weight kind ", kind);
+    p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : 2;
+    if (p.kind != 2) p.scales = packed.attr("scales").cast<torch::Tensor>();
     p.n = packed.attr("out_features").cast<int64_t>();
     p.k = packed.attr("in_features").cast<int64_t>();
     py::object bias = packed.attr("bias");
@@ -131,7 +137,7 @@ class DecodeStack {
 }  // namespace
 
 void register_decode_stack(pybind11::module& m) {
-  py::class_<DecodeStack>(m, "DecodeStack", "the decoder layers of a quantized model, for decode-only steps")
+  py::class_<DecodeStack>(m, "DecodeStack", "the decoder layers of a packed or bf16-tiled model, for decode-only steps")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double>(), py::arg("heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
       .def("add_layer", &DecodeStack::add_layer, py::arg("in_norm"), py::arg("post_norm"), py::arg("projections"))
