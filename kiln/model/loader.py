@@ -86,7 +86,8 @@ def load_model(
     `quantization` picks the weights the serving (paged) path multiplies with: "none" the dense ones;
     "gguf" a GGUF's own Q4_0/Q4_1/Q8_0 blocks, repacked exactly (CPU only; the dense path stays for
     training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
-    the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~50 ms in bf16. Activations
+    the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
+    (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations
     are quantized to 8 bits per group of 32 (as llama.cpp does), so logits differ slightly from the
     dense path: near-ties between the top tokens can flip, which is why "none" is the default."""
     if quantization not in QUANTIZATIONS:

@@ -27,20 +27,8 @@ namespace {
 constexpr int kRows = 16;
 constexpr int kMaxMB = 8;
 
-inline float bf16_bits_to_float(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16_bits(float f) {
-  if (f != f) return 0x7FC0;
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
+using kiln::bf16_bits_to_float;
+using kiln::float_to_bf16_bits;
 
 inline float flush_denormal(float f) {
   uint32_t bits;

@@ -60,21 +60,8 @@ inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; 
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
-inline float bf16_to_float(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// Round to nearest even like c10::BFloat16 (NaN -> 0x7FC0).
-inline uint16_t float_to_bf16(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
+using kiln::bf16_bits_to_float;
+using kiln::float_to_bf16_bits;
 
 // What every tile of one call shares.
 struct Problem {
@@ -96,7 +83,7 @@ inline void store_row_scalar(const Problem& p, int64_t m, int64_t t, const float
   for (int64_t r = 0; r < cnt; ++r) {
     float v = acc[r] + (p.bias ? p.bias[n0 + r] : 0.0f);
     if (p.out_bf16) {
-      static_cast<uint16_t*>(p.out)[m * p.N + n0 + r] = float_to_bf16(v);
+      static_cast<uint16_t*>(p.out)[m * p.N + n0 + r] = float_to_bf16_bits(v);
     } else {
       static_cast<float*>(p.out)[m * p.N + n0 + r] = v;
     }
@@ -136,7 +123,7 @@ void quantize_rows_scalar(const void* x, bool bf16, int64_t M, int64_t K, int64_
       int8_t* q = xq + m * Kp + g * kGroup;
       if (bf16) {
         const uint16_t* src = static_cast<const uint16_t*>(x) + base;
-        quantize_group_scalar([&](int i) { return bf16_to_float(src[i]); }, valid, q, &xd[m * G + g], &xs[m * G + g]);
+        quantize_group_scalar([&](int i) { return bf16_bits_to_float(src[i]); }, valid, q, &xd[m * G + g], &xs[m * G + g]);
       } else {
         const float* src = static_cast<const float*>(x) + base;
         quantize_group_scalar([&](int i) { return src[i]; }, valid, q, &xd[m * G + g], &xs[m * G + g]);

@@ -3,7 +3,26 @@
 
 #include <torch/extension.h>
 
+#include <cstdint>
+#include <cstring>
+
 namespace kiln {
+
+inline float bf16_bits_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even like c10::BFloat16 (NaN -> 0x7FC0).
+inline uint16_t float_to_bf16_bits(float f) {
+  if (f != f) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
 
 // y = x @ W^T (+ bias) for tiled q4_1 (kind 0) / q8_0 (kind 1) weights; x [..., k] -> [..., n] in x's
 // dtype. isa: -1 best, 0 scalar, 1 avx2, 2 avx512-vnni.
