@@ -49,54 +49,50 @@ def build_decode_stack(model: Transformer, module: ModuleType) -> Any | None:
     stack = module.DecodeStack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.rms_norm_eps)
     for layer, (qkv, gate_up, o_proj, down_proj) in zip(layers, plans, strict=True):
-        fuse = _fuse if attr == "packed" else _fuse_tiles
-        own = _projection if attr == "packed" else _tiles_projection
-        projections = [fuse(qkv), own(getattr(o_proj, attr), o_proj.bias), fuse(gate_up),
-                       own(getattr(down_proj, attr), down_proj.bias)]
+        projections = [_fuse(qkv, attr), _projection(getattr(o_proj, attr), o_proj.bias), _fuse(gate_up, attr),
+                       _projection(getattr(down_proj, attr), down_proj.bias)]
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         projections)
     return stack
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> SimpleNamespace:
-    """One packed weight for the concatenated outputs; each linear's `packed` becomes a view of it."""
-    parts: list[PackedWeight] = [lin.packed for lin in linears]  # type: ignore[misc]
-    fused = concat_packed(parts)
+Weight = PackedWeight | DenseTiles
+
+
+def _fuse(linears: list[torch.nn.Linear], attr: str) -> SimpleNamespace:
+    """One weight for the concatenated outputs (whole tiles stack); each linear's own weight (`attr`)
+    becomes a view of it."""
+    parts: list[Weight] = [getattr(lin, attr) for lin in linears]
+    if isinstance(parts[0], PackedWeight):
+        fused: Weight = concat_packed(parts)  # type: ignore[arg-type]
+    else:
+        fused = DenseTiles(torch.cat([p.tiles for p in parts]),  # type: ignore[union-attr]
+                           sum(p.out_features for p in parts), parts[0].in_features)
     tile = 0
     for lin, part in zip(linears, parts, strict=True):
-        tiles = part.qs.shape[0]
-        lin.packed = PackedWeight(part.kind, part.out_features, part.in_features,
-                                  fused.qs[tile:tile + tiles], fused.scales[tile:tile + tiles])
-        tile += tiles
-    return _projection(fused, _fused_bias(linears))
-
-
-def _fuse_tiles(linears: list[torch.nn.Linear]) -> SimpleNamespace:
-    """`_fuse` for the dense kernel's bfloat16 tiles."""
-    parts: list[DenseTiles] = [lin.dense_tiles for lin in linears]  # type: ignore[misc]
-    fused = torch.cat([p.tiles for p in parts])
-    tile = 0
-    for lin, part in zip(linears, parts, strict=True):
-        tiles = part.tiles.shape[0]
-        lin.dense_tiles = DenseTiles(fused[tile:tile + tiles], part.out_features, part.in_features)
-        tile += tiles
-    return _tiles_projection(DenseTiles(fused, sum(p.out_features for p in parts), parts[0].in_features),
-                             _fused_bias(linears))
-
-
-def _tiles_projection(tiles: DenseTiles, bias: torch.Tensor | None) -> SimpleNamespace:
-    return SimpleNamespace(qs=tiles.tiles, kind="bf16", out_features=tiles.out_features,
-                           in_features=tiles.in_features, bias=None if bias is None else bias.detach())
-
-
-def _fused_bias(linears: list[torch.nn.Linear]) -> torch.Tensor | None:
+        n = _tensors(part)[0].shape[0]
+        views = [t[tile:tile + n] for t in _tensors(fused)]
+        setattr(lin, attr, PackedWeight(part.kind, part.out_features, part.in_features, *views)
+                if isinstance(part, PackedWeight) else DenseTiles(views[0], part.out_features, part.in_features))
+        tile += n
     biases = [lin.bias for lin in linears]
-    if all(b is None for b in biases):
-        return None
-    return torch.cat([b.detach() if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
-                      for b, lin in zip(biases, linears, strict=True)])
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
+                          for b, lin in zip(biases, linears, strict=True)])
+    return _projection(fused, bias)
 
 
-def _projection(packed: PackedWeight, bias: torch.Tensor | None) -> SimpleNamespace:
-    return SimpleNamespace(qs=packed.qs, scales=packed.scales, kind=packed.kind, out_features=packed.out_features,
-                           in_features=packed.in_features, bias=None if bias is None else bias.detach())
+def _tensors(w: Weight) -> list[torch.Tensor]:
+    """The per-tile storage of a weight (tiles along dim 0)."""
+    return [w.qs, w.scales] if isinstance(w, PackedWeight) else [w.tiles]
+
+
+def _projection(w: Weight, bias: torch.Tensor | None) -> SimpleNamespace:
+    """What DecodeStack.add_layer reads: qs, scales (packed only), kind, out_features, in_features, bias."""
+    bias = None if bias is None else bias.detach()
+    if isinstance(w, PackedWeight):
+        return SimpleNamespace(qs=w.qs, scales=w.scales, kind=w.kind, out_features=w.out_features,
+                               in_features=w.in_features, bias=bias)
+    return SimpleNamespace(qs=w.tiles, kind="bf16", out_features=w.out_features, in_features=w.in_features,
+                           bias=bias)

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.model import kernels
-
-TILE_ROWS = 16
+from kiln.model.quant import TILE_ROWS
 
 
 @dataclass(eq=False)
@@ -40,7 +39,7 @@ def attach_dense_tiles(model: nn.Module) -> bool:
     """Give every projection and the LM head of a bfloat16 CPU model its tiles; False when the kernel
     cannot run here (not bfloat16, not CPU, no AVX512-BF16, kernels unavailable)."""
     module = kernels.load() if kernels.enabled() else None
-    if module is None or not hasattr(module, "linear_bf16") or not module.bf16_dot_supported():
+    if module is None or not module.bf16_dot_supported():
         return False
     linears = [m for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and (name.endswith("_proj") or name == "lm_head")]

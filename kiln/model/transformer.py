@@ -56,7 +56,8 @@ class RMSNorm(nn.Module):
 
 # module-level name (not a direct call) so tests can force the torch ops
 cpu_kernels = kernels.for_tensor
-# decode-only steps of a packed model run every layer in one C++ call (tests turn it off to compare)
+# decode-only steps of a packed or bf16-tiled model run every layer in one C++ call (tests turn it off
+# to compare)
 use_decode_stack = True
 
 
@@ -359,10 +360,11 @@ class Transformer(nn.Module):
             return self.model.norm.fast(h)
 
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:
-        """The C++ DecodeStack when this step may use it: decodes only, no adapter, one dtype throughout."""
+        """The C++ DecodeStack when this step may use it: decodes only, adapters from the serving bank,
+        one dtype throughout."""
         kern = ctx.kernels
         if (kern is None or not use_decode_stack or ctx.attn.prefills or not _stack_takes(ctx.lora)
-                or self._decode_stack is False or not hasattr(kern, "DecodeStack")
+                or self._decode_stack is False
                 or not (h.dtype == ctx.cos.dtype == kv_cache.dtype == self.model.norm.weight.dtype)):
             return None
         if self._decode_stack is None:
