@@ -99,6 +99,30 @@ def test_rope_and_cache_rotates_q_and_k_like_apply_rope_and_stores_k_and_v(dtype
     assert k_cache[[0, 1, 3, 4, 5, 6, 8]].abs().sum() == 0
 
 
+def test_rope_and_cache_works_on_views_of_one_fused_qkv_output():
+    g = torch.Generator().manual_seed(6)
+    qkv = torch.randn(3, (6 + 2 + 2) * 16, generator=g).to(torch.bfloat16)
+    cos = torch.randn(3, 1, 16, generator=g).to(torch.bfloat16)
+    sin = torch.randn(3, 1, 16, generator=g).to(torch.bfloat16)
+    q, k, v = (t.contiguous().view(3, -1, 16) for t in qkv.split([96, 32, 32], dim=1))
+    caches = [torch.zeros(10, 2, 16, dtype=torch.bfloat16) for _ in range(4)]
+    slots = torch.tensor([7, 2, 9])
+    kernels.load().rope_and_cache(q, k, v, cos, sin, caches[0], caches[1], slots)
+    views = [t.view(3, -1, 16) for t in qkv.split([96, 32, 32], dim=1)]
+    kernels.load().rope_and_cache(*views, cos, sin, caches[2], caches[3], slots)
+    assert torch.equal(views[0], q) and torch.equal(views[1], k)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_inplace_rounds_like_torch_add(dtype):
+    g = torch.Generator().manual_seed(7)
+    h, d = torch.randn(4, 576, generator=g).to(dtype), torch.randn(4, 576, generator=g).to(dtype)
+    want = h + d
+    kernels.load().add_inplace(h, d)
+    assert torch.equal(h, want)
+
+
 def test_rope_and_cache_refuses_a_slot_outside_the_cache():
     q, k, v = torch.randn(1, 2, 4), torch.randn(1, 1, 4), torch.randn(1, 1, 4)
     cos, sin = torch.randn(1, 1, 4), torch.randn(1, 1, 4)

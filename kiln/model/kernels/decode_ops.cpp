@@ -528,15 +528,15 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
 // Rotary embedding in place on rows [T, H, D] (cos/sin_signed [T, D] per token, rotate-half form:
 // x*cos + roll(x, D/2)*sin_signed), rounded like torch's mul-then-addcmul.
 template <typename T>
-void rope_rows(T* x, int64_t tokens, int64_t heads, int64_t d, const T* cos, const T* sin, int64_t cs_stride,
-               std::vector<float>& buf) {
+void rope_rows(T* x, int64_t x_stride, int64_t tokens, int64_t heads, int64_t d, const T* cos, const T* sin,
+               int64_t cs_stride, std::vector<float>& buf) {
   const int64_t half = d / 2;
   buf.resize(static_cast<size_t>(d));
   for (int64_t t = 0; t < tokens; ++t) {
     const T* c = cos + t * cs_stride;
     const T* sn = sin + t * cs_stride;
     for (int64_t h = 0; h < heads; ++h) {
-      T* row = x + (t * heads + h) * d;
+      T* row = x + t * x_stride + h * d;
       for (int64_t i = 0; i < d; ++i) buf[i] = static_cast<float>(row[i]);
       for (int64_t i = 0; i < d; ++i) {
         const float rolled = buf[i < half ? i + half : i - half];
@@ -548,8 +548,14 @@ void rope_rows(T* x, int64_t tokens, int64_t heads, int64_t d, const T* cos, con
 }
 
 template <typename T>
-void write_rows(const T* src, T* cache, const int64_t* slots, int64_t tokens, int64_t row) {
-  for (int64_t t = 0; t < tokens; ++t) std::memcpy(cache + slots[t] * row, src + t * row, sizeof(T) * row);
+void write_rows(const T* src, int64_t src_stride, T* cache, const int64_t* slots, int64_t tokens, int64_t row) {
+  for (int64_t t = 0; t < tokens; ++t) std::memcpy(cache + slots[t] * row, src + t * src_stride, sizeof(T) * row);
+}
+
+// h += delta, rounded to T as at::add rounds it (one float sum per element).
+template <typename T>
+void add_rows(T* h, const T* delta, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[i] = static_cast<T>(to_float(h[i]) + to_float(delta[i]));
 }
 
 }  // namespace
@@ -563,9 +569,11 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, co
                         v_cache.sizes() == k_cache.sizes() && k.size(1) == k_cache.size(1) &&
                         k.size(2) == k_cache.size(2) && q.size(2) == k.size(2) && q.size(0) == k.size(0),
                     "kiln rope_and_cache: q [T, H, D], k and v [T, Hkv, D], caches [N, Hkv, D]");
-  TORCH_CHECK_VALUE(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && k_cache.is_contiguous() &&
+  // q, k and v may be row views of one fused projection output: each token's [H, D] must be dense
+  const auto dense_rows = [](const torch::Tensor& t) { return t.stride(2) == 1 && t.stride(1) == t.size(2); };
+  TORCH_CHECK_VALUE(dense_rows(q) && dense_rows(k) && dense_rows(v) && k_cache.is_contiguous() &&
                         v_cache.is_contiguous() && slot_mapping.is_contiguous(),
-                    "kiln rope_and_cache: contiguous tensors only");
+                    "kiln rope_and_cache: contiguous caches and [H, D] rows of q, k and v");
   const auto dt = q.scalar_type();
   TORCH_CHECK_VALUE(k.scalar_type() == dt && v.scalar_type() == dt && k_cache.scalar_type() == dt &&
                         v_cache.scalar_type() == dt && cos.scalar_type() == dt && sin.scalar_type() == dt,
@@ -583,16 +591,18 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, co
   const int64_t row = k.size(1) * d;
   std::vector<float> buf;
   if (dt == torch::kFloat32) {
-    rope_rows<float>(q.data_ptr<float>(), tokens, q.size(1), d, cos.data_ptr<float>(), sin.data_ptr<float>(), d, buf);
-    rope_rows<float>(k.data_ptr<float>(), tokens, k.size(1), d, cos.data_ptr<float>(), sin.data_ptr<float>(), d, buf);
-    write_rows<float>(k.data_ptr<float>(), k_cache.data_ptr<float>(), slots, tokens, row);
-    write_rows<float>(v.data_ptr<float>(), v_cache.data_ptr<float>(), slots, tokens, row);
+    rope_rows<float>(q.data_ptr<float>(), q.stride(0), tokens, q.size(1), d, cos.data_ptr<float>(),
+                     sin.data_ptr<float>(), d, buf);
+    rope_rows<float>(k.data_ptr<float>(), k.stride(0), tokens, k.size(1), d, cos.data_ptr<float>(),
+                     sin.data_ptr<float>(), d, buf);
+    write_rows<float>(k.data_ptr<float>(), k.stride(0), k_cache.data_ptr<float>(), slots, tokens, row);
+    write_rows<float>(v.data_ptr<float>(), v.stride(0), v_cache.data_ptr<float>(), slots, tokens, row);
   } else if (dt == torch::kBFloat16) {
     using B = c10::BFloat16;
-    rope_rows<B>(q.data_ptr<B>(), tokens, q.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
-    rope_rows<B>(k.data_ptr<B>(), tokens, k.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
-    write_rows<B>(k.data_ptr<B>(), k_cache.data_ptr<B>(), slots, tokens, row);
-    write_rows<B>(v.data_ptr<B>(), v_cache.data_ptr<B>(), slots, tokens, row);
+    rope_rows<B>(q.data_ptr<B>(), q.stride(0), tokens, q.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
+    rope_rows<B>(k.data_ptr<B>(), k.stride(0), tokens, k.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
+    write_rows<B>(k.data_ptr<B>(), k.stride(0), k_cache.data_ptr<B>(), slots, tokens, row);
+    write_rows<B>(v.data_ptr<B>(), v.stride(0), v_cache.data_ptr<B>(), slots, tokens, row);
   } else {
     TORCH_CHECK_VALUE(false, "kiln rope_and_cache: float32 or bfloat16 only");
   }
@@ -616,6 +626,19 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
     TORCH_CHECK_VALUE(false, "kiln rms_norm: float32 or bfloat16 only");
   }
   return y;
+}
+
+void add_inplace(torch::Tensor h, const torch::Tensor& delta) {
+  TORCH_CHECK_VALUE(h.is_contiguous() && delta.is_contiguous() && h.sizes() == delta.sizes() &&
+                        h.scalar_type() == delta.scalar_type(),
+                    "kiln add_inplace: h and delta must be contiguous tensors of one shape and dtype");
+  if (h.scalar_type() == torch::kFloat32) {
+    add_rows<float>(h.data_ptr<float>(), delta.data_ptr<float>(), h.numel());
+  } else if (h.scalar_type() == torch::kBFloat16) {
+    add_rows<c10::BFloat16>(h.data_ptr<c10::BFloat16>(), delta.data_ptr<c10::BFloat16>(), h.numel());
+  } else {
+    TORCH_CHECK_VALUE(false, "kiln add_inplace: float32 or bfloat16 only");
+  }
 }
 
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,

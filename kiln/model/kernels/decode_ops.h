@@ -14,8 +14,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                               const torch::Tensor& slots, const torch::Tensor& lens, double scale);
 
+// h += delta in place, rounded as at::add rounds (contiguous tensors of one shape, float32 / bfloat16).
+void add_inplace(torch::Tensor h, const torch::Tensor& delta);
+
 // Rotary embedding in place on q [T, H, D] and k [T, Hkv, D] (cos, sin_signed: [T, D] rows, the
-// rotate-half form), then k and v stored at cache rows slot_mapping [T].
+// rotate-half form), then k and v stored at cache rows slot_mapping [T]. Each token's [H, D] must be
+// dense; tokens may be any stride apart (views into one fused q|k|v output).
 void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const torch::Tensor& cos,
                     const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
                     const torch::Tensor& slot_mapping);

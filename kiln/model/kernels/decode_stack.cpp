@@ -84,31 +84,41 @@ class DecodeStack {
       if (!lora || !lora_a[m].has_value() || !lora_a[m]->defined()) return;
       lora_bgmv_add(std::move(out), x, lora_a[m]->select(0, i), lora_b[m]->select(0, i), *lora_slots, -1);
     };
+    // At one token per sequence a step's dozen small ops per layer cost as much as a matrix does, so
+    // the residual adds happen in place (on a copy of the caller's h) and q, k, v stay views of the
+    // fused output; every value is rounded as the layer path rounds it.
+    h = h.contiguous().clone();
     for (int64_t i = 0; i < num_layers(); ++i) {
       const Layer& L = layers_[static_cast<size_t>(i)];
       auto k_cache = kv.select(0, i).select(0, 0);
       auto v_cache = kv.select(0, i).select(0, 1);
       auto x = rms_norm(h, L.in_norm, eps_);
       auto qkv = L.qkv(x);
-      add_lora(0, i, qkv.narrow(1, 0, qn), x);
-      add_lora(1, i, qkv.narrow(1, qn, kn), x);
-      add_lora(2, i, qkv.narrow(1, qn + kn, kn), x);
-      auto q = qkv.narrow(1, 0, qn).contiguous().view({T, heads_, head_dim_});
-      auto k = qkv.narrow(1, qn, kn).contiguous().view({T, kv_heads_, head_dim_});
-      auto v = qkv.narrow(1, qn + kn, kn).contiguous().view({T, kv_heads_, head_dim_});
+      if (lora) {
+        add_lora(0, i, qkv.narrow(1, 0, qn), x);
+        add_lora(1, i, qkv.narrow(1, qn, kn), x);
+        add_lora(2, i, qkv.narrow(1, qn + kn, kn), x);
+      }
+      const int64_t w = qkv.size(1);
+      auto q = qkv.as_strided({T, heads_, head_dim_}, {w, head_dim_, 1}, qkv.storage_offset());
+      auto k = qkv.as_strided({T, kv_heads_, head_dim_}, {w, head_dim_, 1}, qkv.storage_offset() + qn);
+      auto v = qkv.as_strided({T, kv_heads_, head_dim_}, {w, head_dim_, 1}, qkv.storage_offset() + qn + kn);
       rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
       auto attn = paged_attention(q, k_cache, v_cache, context_slots, context_lens, scale);
       auto o = L.o(attn);
       add_lora(3, i, o, attn);
-      h = at::add(h, o);
+      add_inplace(h, o);
       auto x2 = rms_norm(h, L.post_norm, eps_);
       auto gu = L.gate_up(x2);
-      add_lora(4, i, gu.narrow(1, 0, inter_), x2);
-      add_lora(5, i, gu.narrow(1, inter_, inter_), x2);
-      auto act = at::mul(at::silu(gu.narrow(1, 0, inter_)), gu.narrow(1, inter_, inter_));
+      if (lora) {
+        add_lora(4, i, gu.narrow(1, 0, inter_), x2);
+        add_lora(5, i, gu.narrow(1, inter_, inter_), x2);
+      }
+      auto act = at::silu(gu.narrow(1, 0, inter_));
+      act.mul_(gu.narrow(1, inter_, inter_));
       auto d = L.down(act);
       add_lora(6, i, d, act);
-      h = at::add(h, d);
+      add_inplace(h, d);
     }
     return h;
   }

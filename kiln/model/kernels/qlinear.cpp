@@ -50,11 +50,13 @@ namespace {
 constexpr int kRows = 16;      // output rows per tile
 constexpr int kGroup = 32;     // K elements per quantization group
 constexpr int kMaxMB = 8;      // activation rows sharing one pass over a tile's weights
+constexpr int64_t kPrefetchBytes = 4096;  // how far ahead of the group in use its weights are prefetched
 constexpr float kTinyAmax = 1e-30f;  // below this a group quantizes to zero (127/amax would overflow)
 
 enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
 enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512_VNNI = 2 };
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
 inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
 
@@ -249,6 +251,11 @@ KILN_AVX512 void tile_avx512(const Problem& p, int64_t t, int64_t m0) {
   for (int64_t g = 0; g < p.G; ++g) {
     const uint8_t* qg = qs + g * QB;
     const uint16_t* sg = sc + g * SB;
+    // The hardware prefetcher loses the stream at every tile a thread claims; the weights come from
+    // DRAM in a decode step (a model is larger than the caches), so ask for them well ahead. A
+    // prefetch past the end of the array is harmless.
+    for (int64_t b = 0; b < QB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qg + kPrefetchBytes + b), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(sg + kPrefetchBytes * SB / QB), _MM_HINT_T0);
     __m512i w[8];
     __m512 dw, mw;
     dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
@@ -618,9 +625,13 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
                   reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()), s.xq.data(), s.xd.data(),
                   s.xs.data(), bias_ptr, y.data_ptr(), x.scalar_type() == torch::kBFloat16};
 
-  // Chunks of tiles big enough that claiming one costs nothing next to computing it.
-  const int64_t tile_cost = G * qs_group_bytes(kind) * (1 + M / 2);
-  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{48} << 10) / tile_cost);
+  // Chunks of consecutive tiles: long enough runs of memory that a thread streams its weights (a
+  // chunk of one 9 KB tile left the 8-row head waiting on DRAM for twice its compute time), and
+  // enough chunks that the threads finish together.
+  const int64_t tile_bytes = G * qs_group_bytes(kind);
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int64_t per_chunk = std::max(ceil_div(int64_t{16} << 10, tile_bytes),
+                                     std::min(ceil_div(int64_t{64} << 10, tile_bytes), ceil_div(T, 4 * threads)));
   struct Job {
     const Problem* p;
     int64_t isa, per_chunk, T;
@@ -629,6 +640,16 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
     const Job& j = *static_cast<const Job*>(ctx);
     const Problem& p = *j.p;
     const int64_t t1 = std::min(j.T, (chunk + 1) * j.per_chunk);
+#ifdef KILN_X86
+    {
+      // the tile loop prefetches kPrefetchBytes ahead of itself; request the run-up at once
+      const int64_t qb = p.G * qs_group_bytes(p.kind), sb = p.G * scale_group_halfs(p.kind) * 2;
+      const char* q0 = reinterpret_cast<const char*>(p.qs + chunk * j.per_chunk * qb);
+      const char* s0 = reinterpret_cast<const char*>(p.scales) + chunk * j.per_chunk * sb;
+      for (int64_t b = 0; b < kPrefetchBytes; b += 64) _mm_prefetch(q0 + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < kPrefetchBytes * sb / qb + 64; b += 64) _mm_prefetch(s0 + b, _MM_HINT_T0);
+    }
+#endif
     for (int64_t t = chunk * j.per_chunk; t < t1; ++t) {
       for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
         const int64_t mb = std::min<int64_t>(kMaxMB, p.M - m0);
@@ -692,6 +713,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &kiln::rope_and_cache, "rotary in place on q and k, then k and v into their cache slots",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
+  m.def("add_inplace", &kiln::add_inplace, "h += delta, rounded as torch.add rounds", py::arg("h"), py::arg("delta"));
   kiln::register_decode_stack(m);
   m.def("linear_bf16", &kiln::linear_bf16, "y = x @ W^T (+ bias), bfloat16 weights in 16-row tiles of K pairs", py::arg("x"),
         py::arg("tiles"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(), py::arg("isa") = -1,
