@@ -115,7 +115,9 @@ class ModelRunner:
             (forward_ms,) = clock.finish()
             self.last_timing = StepTiming(forward_ms, 0.0, 0.0, had_prefill)
             return {}
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)], packed_ok=True)
+        # a decode-only step samples every row: no gather (an indexing op costs more than the copy)
+        picked = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
+        logits = self.model.compute_logits(picked, packed_ok=True)
         clock.mark()
         seqs = [it.seq for it in sampled_items]
         tokens, logprobs = self.sampler(
