@@ -71,8 +71,9 @@ class LoraSlots:
         bank = self.bank
         if bank is None:
             p = next(self.model.parameters())
-            # CPU bf16 bmm at these tiny shapes is ~100x slower than fp32: keep CPU factors in fp32
-            dtype = torch.float32 if p.device.type == "cpu" else p.dtype
+            # factors in the model's dtype: a bfloat16 model's adapters stream half the bytes per
+            # decode step (on CPU they are widened to float32 and computed with exactly there)
+            dtype = p.dtype if p.device.type != "cpu" or p.dtype == torch.bfloat16 else torch.float32
             bank = LoraBank(self.model.config, self.initial_slots, max(rank, self.initial_rank), dtype, p.device)
             self.model.lora_bank = bank
         elif rank > bank.rank:

@@ -56,6 +56,9 @@ class LoraBank:
         self.rank = rank
         self.dtype = dtype
         self.device = device
+        # CPU matmuls of bfloat16 at these tiny shapes are far slower than float32: a bfloat16 bank
+        # (half the bytes for the kernel to stream) is computed with in float32 there
+        self.compute_dtype = torch.float32 if torch.device(device).type == "cpu" else dtype
         n_layers = cfg.num_hidden_layers
         # A: [L, S, R, in]; B transposed, [L, S, R, out], with the adapter's scale folded in: both are
         # rank-major, so one slot's factors are contiguous rows the kernel streams through
@@ -108,15 +111,17 @@ class LoraBank:
                 module.lora_bgmv_add(y, x, a, b, step.decode_slots)
             else:
                 # index_select, not a[slots]: advanced indexing of a 3-D tensor costs milliseconds on CPU
-                xd = x[: step.num_decode].unsqueeze(1).to(self.dtype)                   # [Bd, 1, in]
-                xa = torch.bmm(xd, a.index_select(0, step.decode_slots).transpose(1, 2))  # [Bd, 1, R]
-                yd = torch.bmm(xa, b.index_select(0, step.decode_slots)).squeeze(1)     # [Bd, out]
+                cd = self.compute_dtype
+                xd = x[: step.num_decode].unsqueeze(1).to(cd)                                   # [Bd, 1, in]
+                xa = torch.bmm(xd, a.index_select(0, step.decode_slots).to(cd).transpose(1, 2))  # [Bd, 1, R]
+                yd = torch.bmm(xa, b.index_select(0, step.decode_slots).to(cd)).squeeze(1)     # [Bd, out]
                 y[: step.num_decode] += yd.to(y.dtype)
         for start, length, slot in step.segments:
             if slot not in self.used[name]:
                 continue
-            seg = x[start : start + length].to(self.dtype)
-            y[start : start + length] += ((seg @ a[slot].T) @ b[slot]).to(y.dtype)
+            cd = self.compute_dtype
+            seg = x[start : start + length].to(cd)
+            y[start : start + length] += ((seg @ a[slot].to(cd).T) @ b[slot].to(cd)).to(y.dtype)
         return y
 
     def delta(self, x: Tensor, layer: int, name: str, step: LoraStep) -> Tensor | None:
@@ -128,8 +133,8 @@ class LoraBank:
 
 
 def _kernel(x: Tensor, a: Tensor):
-    """The compiled BGMV kernel when it applies here (CPU, float32 factors, no autograd), else None."""
-    if a.dtype != torch.float32 or x.dtype not in _KERNEL_DTYPES:
+    """The compiled BGMV kernel when it applies here (CPU, float32 or bfloat16 factors, no autograd)."""
+    if a.dtype not in _KERNEL_DTYPES or x.dtype not in _KERNEL_DTYPES:
         return None
     return kernels.for_tensor(x)
 

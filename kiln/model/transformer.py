@@ -89,8 +89,8 @@ def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, na
 
 
 def _stack_takes(lora: LoraDelta | None) -> bool:
-    """The stack adds adapters' deltas itself only for a serving bank with float32 factors."""
-    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype == torch.float32
+    """The stack adds adapters' deltas itself only for a serving bank the BGMV kernel reads."""
+    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in (torch.float32, torch.bfloat16)
                             and not lora.step.segments)
 
 

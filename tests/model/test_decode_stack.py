@@ -118,10 +118,10 @@ def test_steps_with_a_prompt_chunk_do_not_use_the_stack(tmp_path, monkeypatch):
     assert model._decode_stack is None   # never needed, never built
 
 
-def _install_adapters(model: Transformer, modules: tuple[str, ...]) -> None:
+def _install_adapters(model: Transformer, modules: tuple[str, ...], dtype: torch.dtype = torch.float32) -> None:
     """Two random rank-4 adapters in slots 1 and 2 of a serving bank, on `modules` of every layer."""
     cfg = model.config
-    bank = LoraBank(cfg, 3, 4, torch.float32, torch.device("cpu"))
+    bank = LoraBank(cfg, 3, 4, dtype, torch.device("cpu"))
     gen = torch.Generator().manual_seed(11)
     for slot in (1, 2):
         factors = {}
@@ -134,10 +134,12 @@ def _install_adapters(model: Transformer, modules: tuple[str, ...]) -> None:
     model.lora_bank = bank
 
 
+@pytest.mark.parametrize("bank_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("modules", [MODULES, ("q_proj", "v_proj", "down_proj")])
-def test_adapter_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, monkeypatch, modules):
+def test_adapter_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, monkeypatch, modules,
+                                                                              bank_dtype):
     model = _packed(tmp_path, "llama")
-    _install_adapters(model, modules)
+    _install_adapters(model, modules, bank_dtype)
     slots = [1, 0, 2]   # two adapters and the base in one batch
     stacked, stacked_cache = _decode_run(model, True, monkeypatch, slots)
     assert model._decode_stack not in (None, False)

@@ -52,6 +52,40 @@ def test_kernel_accumulates_in_float32_for_bfloat16_activations(isa):
     assert torch.equal(out[2], before[2])   # slot 0: the base model, untouched
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_delta_does_not_depend_on_the_rows_sharing_its_adapter(dtype):
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(3, 16, 576, generator=g), torch.randn(3, 16, 1536, generator=g)
+    x, out = torch.randn(5, 576, generator=g).to(dtype), torch.randn(5, 1536, generator=g).to(dtype)
+    slots = torch.tensor([2, 1, 2, 2, 1])
+    together = out.clone()
+    kernels.load().lora_bgmv_add(together, x, a, b, slots)
+    for i in range(5):
+        alone = out[i : i + 1].clone()
+        kernels.load().lora_bgmv_add(alone, x[i : i + 1], a, b, slots[i : i + 1])
+        assert torch.equal(alone[0], together[i])
+
+
+@pytest.mark.parametrize("k,n", [(576, 1536), (37, 45)])
+@pytest.mark.parametrize("isa", _isas())
+def test_bfloat16_factors_give_the_bits_of_float32_factors_with_the_same_values(k, n, isa):
+    g = torch.Generator().manual_seed(k)
+    a, b = torch.randn(3, 8, k, generator=g).bfloat16(), torch.randn(3, 8, n, generator=g).bfloat16()
+    x = torch.randn(4, k, generator=g).bfloat16()
+    out = torch.randn(4, n, generator=g).bfloat16()
+    slots = torch.tensor([2, 1, 0, 2])
+    want, got = out.clone(), out.clone()
+    kernels.load().lora_bgmv_add(want, x, a.float(), b.float(), slots, isa)
+    kernels.load().lora_bgmv_add(got, x, a, b, slots, isa)
+    assert torch.equal(got, want)
+
+
+def test_kernel_refuses_factors_of_two_dtypes():
+    with pytest.raises(ValueError, match="both float32 or both bfloat16"):
+        kernels.load().lora_bgmv_add(torch.zeros(1, 8), torch.randn(1, 16), torch.randn(2, 4, 16),
+                                     torch.randn(2, 4, 8).bfloat16(), torch.tensor([1]))
+
+
 def test_kernel_leaves_rows_past_the_decode_rows_alone():
     a, b = torch.randn(2, 4, 16), torch.randn(2, 4, 8)
     out, x = torch.zeros(5, 8), torch.randn(5, 16)

@@ -1,6 +1,7 @@
 // Batched multi-adapter LoRA for decode rows (BGMV): out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i].
 //
-// A is [S, R, K] and B is [S, R, N] (float32, the adapter scale folded into B); slot 0 is the base
+// A is [S, R, K] and B is [S, R, N] (float32, or bfloat16 for a bfloat16 model: half the bytes; the
+// adapter scale folded into B); slot 0 is the base
 // model and is skipped. Rows are visited grouped by slot, so each adapter's factors come from memory
 // once per call and stay in cache for its other rows. Per row: R dot products of length K, then one
 // pass over N that keeps blocks of the delta in registers across all R ranks and adds them to `out`
@@ -32,7 +33,9 @@ int lora_isa() {
   static const int isa = [] {
 #ifdef KILN_LORA_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return static_cast<int>(LORA_AVX512);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("fma"))
+      return static_cast<int>(LORA_AVX512);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return static_cast<int>(LORA_AVX2);
 #endif
     return static_cast<int>(LORA_SCALAR);
@@ -56,23 +59,50 @@ void row_scalar(const float* x, const float* a, const float* b, int64_t R, int64
 }
 
 #ifdef KILN_LORA_X86
-#define KILN_LORA_AVX512 __attribute__((target("avx512f,fma")))
+#define KILN_LORA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define KILN_LORA_AVX2 __attribute__((target("avx2,fma")))
 
-KILN_LORA_AVX512 void row_avx512(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N,
+constexpr int64_t kPrefetchBytes = 4096;   // how far ahead in A
+constexpr int64_t kPrefetchAheadB = 256;   // elements ahead in each of B's R rows (4 blocks of 64)
+
+// 16 factor values as float32: float32 as they are, bfloat16 (uint16 bits) widened exactly
+KILN_LORA_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+KILN_LORA_AVX512 inline __m512 load16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+KILN_LORA_AVX512 inline __m512 load16(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+KILN_LORA_AVX512 inline __m512 load16(__mmask16 m, const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+// W: float (float32 factors) or uint16_t (bfloat16 factors, half the bytes to stream). Either way
+// every product and sum is float32, in the same order: bfloat16 factors give the bits float32
+// factors holding the same values give.
+template <typename W>
+KILN_LORA_AVX512 void row_avx512(const float* x, const W* a, const W* b, int64_t R, int64_t K, int64_t N,
                                  float* xa, float* d) {
+  constexpr int64_t E = sizeof(W);
   const int64_t k16 = K & ~int64_t(15);
   const __mmask16 kmask = static_cast<__mmask16>((1u << (K - k16)) - 1);
+  // the factors come from DRAM at decode sizes: ask for A and the start of B's rows ahead of use
+  const char* abytes = reinterpret_cast<const char*>(a);
+  const int64_t abytes_n = R * K * E;
+  for (int64_t off = 0; off < std::min<int64_t>(abytes_n, kPrefetchBytes); off += 64) _mm_prefetch(abytes + off, _MM_HINT_T0);
   for (int64_t r = 0; r < R; ++r) {
-    const float* ar = a + r * K;
+    const W* ar = a + r * K;
+    for (int64_t off = r * K * E + kPrefetchBytes; off < std::min<int64_t>(abytes_n, (r + 1) * K * E + kPrefetchBytes);
+         off += 64)
+      _mm_prefetch(abytes + off, _MM_HINT_T0);
+    if (r == R - 1)
+      for (int64_t q = 0; q < R; ++q) _mm_prefetch(reinterpret_cast<const char*>(b + q * N), _MM_HINT_T0);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= k16; k += 32) {
-      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(ar + k), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(ar + k + 16), acc1);
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load16(ar + k), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), load16(ar + k + 16), acc1);
     }
-    for (; k < k16; k += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(ar + k), acc0);
-    if (kmask) acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kmask, x + k16), _mm512_maskz_loadu_ps(kmask, ar + k16), acc1);
+    for (; k < k16; k += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load16(ar + k), acc0);
+    if (kmask) acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kmask, x + k16), load16(kmask, ar + k16), acc1);
     xa[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   }
   int64_t n = 0;
@@ -80,11 +110,13 @@ KILN_LORA_AVX512 void row_avx512(const float* x, const float* a, const float* b,
     __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps(), d2 = _mm512_setzero_ps(), d3 = _mm512_setzero_ps();
     for (int64_t r = 0; r < R; ++r) {
       const __m512 s = _mm512_set1_ps(xa[r]);
-      const float* br = b + r * N + n;
-      d0 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br), d0);
-      d1 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br + 16), d1);
-      d2 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br + 32), d2);
-      d3 = _mm512_fmadd_ps(s, _mm512_loadu_ps(br + 48), d3);
+      const W* br = b + r * N + n;
+      for (int64_t e = 0; e < 64 * E; e += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(br + kPrefetchAheadB) + e, _MM_HINT_T0);
+      d0 = _mm512_fmadd_ps(s, load16(br), d0);
+      d1 = _mm512_fmadd_ps(s, load16(br + 16), d1);
+      d2 = _mm512_fmadd_ps(s, load16(br + 32), d2);
+      d3 = _mm512_fmadd_ps(s, load16(br + 48), d3);
     }
     _mm512_storeu_ps(d + n, d0);
     _mm512_storeu_ps(d + n + 16, d1);
@@ -94,8 +126,7 @@ KILN_LORA_AVX512 void row_avx512(const float* x, const float* a, const float* b,
   for (; n < N; n += 16) {
     const __mmask16 m = N - n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n)) - 1);
     __m512 d0 = _mm512_setzero_ps();
-    for (int64_t r = 0; r < R; ++r)
-      d0 = _mm512_fmadd_ps(_mm512_set1_ps(xa[r]), _mm512_maskz_loadu_ps(m, b + r * N + n), d0);
+    for (int64_t r = 0; r < R; ++r) d0 = _mm512_fmadd_ps(_mm512_set1_ps(xa[r]), load16(m, b + r * N + n), d0);
     _mm512_mask_storeu_ps(d + n, m, d0);
   }
 }
@@ -170,7 +201,7 @@ KILN_LORA_AVX2 void row_avx2(const float* x, const float* a, const float* b, int
 void lora_row(int isa, const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N, float* xa,
               float* d) {
 #ifdef KILN_LORA_X86
-  if (isa == LORA_AVX512) return row_avx512(x, a, b, R, K, N, xa, d);
+  if (isa == LORA_AVX512) return row_avx512<float>(x, a, b, R, K, N, xa, d);
   if (isa == LORA_AVX2) return row_avx2(x, a, b, R, K, N, xa, d);
 #endif
   row_scalar(x, a, b, R, K, N, xa, d);
@@ -187,9 +218,10 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
   TORCH_CHECK_VALUE(out.device().is_cpu() && x.device().is_cpu() && a.device().is_cpu() && b.device().is_cpu() &&
                         slots.device().is_cpu(),
                     "kiln lora_bgmv: CPU tensors only");
-  TORCH_CHECK_VALUE(a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32 && a.is_contiguous() &&
-                        b.is_contiguous(),
-                    "kiln lora_bgmv: a and b must be contiguous float32");
+  TORCH_CHECK_VALUE((a.scalar_type() == torch::kFloat32 || a.scalar_type() == torch::kBFloat16) &&
+                        b.scalar_type() == a.scalar_type() && a.is_contiguous() && b.is_contiguous(),
+                    "kiln lora_bgmv: a and b must be contiguous, both float32 or both bfloat16");
+  const bool bf16_factors = a.scalar_type() == torch::kBFloat16;
   TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && slots.is_contiguous(), "kiln lora_bgmv: int64 slots");
   const int64_t rows = slots.size(0), S = a.size(0), R = a.size(1), K = a.size(2), N = b.size(2);
   TORCH_CHECK_VALUE(b.size(0) == S && b.size(1) == R && x.size(1) == K && out.size(1) == N && x.size(0) >= rows &&
@@ -208,8 +240,10 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [slot](int64_t i, int64_t j) { return slot[i] < slot[j]; });
 
-  const float* af = a.data_ptr<float>();
-  const float* bf = b.data_ptr<float>();
+  const float* af = bf16_factors ? nullptr : a.data_ptr<float>();
+  const float* bf = bf16_factors ? nullptr : b.data_ptr<float>();
+  const uint16_t* ah = bf16_factors ? reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>()) : nullptr;
+  const uint16_t* bh = bf16_factors ? reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>()) : nullptr;
   for (int64_t i = 0; i < rows; ++i)
     TORCH_CHECK_VALUE(slot[i] < S, "kiln lora_bgmv: slot ", slot[i], " is outside the bank's ", S, " slots");
   // One task per adapter (a run of slot-sorted rows) on the kernels' pool, which a decode step keeps
@@ -221,10 +255,27 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
   const int64_t groups = static_cast<int64_t>(starts.size());
   starts.push_back(rows);
   kiln::parallel_tasks(groups, [&](int64_t g) {
-    thread_local std::vector<float> xrow, xa, d;
+    thread_local std::vector<float> xrow, xa, d, a32, b32;
     xrow.resize(static_cast<size_t>(K));
     xa.resize(static_cast<size_t>(R));
     d.resize(static_cast<size_t>(N));
+    // the group's adapter: AVX-512 reads bfloat16 factors as they are; the other paths take them
+    // widened to float32 once per call (exact), so every path computes the same values
+    const int64_t gs = slot[order[starts[g]]];
+    const float* ga = nullptr;
+    const float* gb = nullptr;
+    const bool direct_bf16 = bf16_factors && use == LORA_AVX512;
+    if (!bf16_factors) {
+      ga = af + gs * R * K;
+      gb = bf + gs * R * N;
+    } else if (!direct_bf16) {
+      a32.resize(static_cast<size_t>(R * K));
+      b32.resize(static_cast<size_t>(R * N));
+      for (int64_t e = 0; e < R * K; ++e) a32[e] = kiln::bf16_bits_to_float(ah[gs * R * K + e]);
+      for (int64_t e = 0; e < R * N; ++e) b32[e] = kiln::bf16_bits_to_float(bh[gs * R * N + e]);
+      ga = a32.data();
+      gb = b32.data();
+    }
     for (int64_t j = starts[g]; j < starts[g + 1]; ++j) {
       const int64_t i = order[j];
       const int64_t s = slot[i];
@@ -244,7 +295,14 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
         }
         xr = xrow.data();
       }
-      lora_row(use, xr, af + s * R * K, bf + s * R * N, R, K, N, xa.data(), d.data());
+#ifdef KILN_LORA_X86
+      if (direct_bf16) {
+        row_avx512<uint16_t>(xr, ah + s * R * K, bh + s * R * N, R, K, N, xa.data(), d.data());
+      } else
+#endif
+      {
+        lora_row(use, xr, ga, gb, R, K, N, xa.data(), d.data());
+      }
       if (out_type == torch::kFloat32) {
         float* o = out.data_ptr<float>() + i * out.stride(0);
         for (int64_t n = 0; n < N; ++n) o[n] += d[n];
