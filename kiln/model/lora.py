@@ -105,13 +105,13 @@ class LoraBank:
         if not self.used[name]:
             return y
         a, b = self.a_layers[name][layer], self.b_layers[name][layer]
+        cd = self.compute_dtype
         if step.decode_slots is not None:
             module = _kernel(x, a)
             if module is not None:
                 module.lora_bgmv_add(y, x, a, b, step.decode_slots)
             else:
                 # index_select, not a[slots]: advanced indexing of a 3-D tensor costs milliseconds on CPU
-                cd = self.compute_dtype
                 xd = x[: step.num_decode].unsqueeze(1).to(cd)                                   # [Bd, 1, in]
                 xa = torch.bmm(xd, a.index_select(0, step.decode_slots).to(cd).transpose(1, 2))  # [Bd, 1, R]
                 yd = torch.bmm(xa, b.index_select(0, step.decode_slots).to(cd)).squeeze(1)     # [Bd, out]
@@ -119,7 +119,6 @@ class LoraBank:
         for start, length, slot in step.segments:
             if slot not in self.used[name]:
                 continue
-            cd = self.compute_dtype
             seg = x[start : start + length].to(cd)
             y[start : start + length] += ((seg @ a[slot].to(cd).T) @ b[slot].to(cd)).to(y.dtype)
         return y
@@ -134,12 +133,13 @@ class LoraBank:
 
 def _kernel(x: Tensor, a: Tensor):
     """The compiled BGMV kernel when it applies here (CPU, float32 or bfloat16 factors, no autograd)."""
-    if a.dtype not in _KERNEL_DTYPES or x.dtype not in _KERNEL_DTYPES:
+    if a.dtype not in KERNEL_DTYPES or x.dtype not in KERNEL_DTYPES:
         return None
     return kernels.for_tensor(x)
 
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# the dtypes the BGMV kernel takes, for activations and factors alike
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class LoraDelta(Protocol):

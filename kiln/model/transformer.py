@@ -19,8 +19,8 @@ from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import build_decode_stack
 from kiln.model.dense_tiles import dense_linear
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
+from kiln.model.lora import KERNEL_DTYPES, BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.lora import MODULES as LORA_MODULES
-from kiln.model.lora import BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.quant import PackedWeight, quant_linear
 from kiln.model.rope import RotaryTables, apply_rope
 
@@ -90,7 +90,7 @@ def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, na
 
 def _stack_takes(lora: LoraDelta | None) -> bool:
     """The stack adds adapters' deltas itself only for a serving bank the BGMV kernel reads."""
-    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in (torch.float32, torch.bfloat16)
+    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in KERNEL_DTYPES
                             and not lora.step.segments)
 
 

@@ -552,6 +552,19 @@ void write_rows(const T* src, int64_t src_stride, T* cache, const int64_t* slots
   for (int64_t t = 0; t < tokens; ++t) std::memcpy(cache + slots[t] * row, src + t * src_stride, sizeof(T) * row);
 }
 
+// rope_and_cache for one dtype, on the checked tensors
+template <typename T>
+void rope_and_cache_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& k_cache,
+                         const torch::Tensor& v_cache, const int64_t* slots) {
+  const int64_t tokens = q.size(0), d = q.size(2), row = k.size(1) * d;
+  std::vector<float> buf;
+  rope_rows<T>(q.data_ptr<T>(), q.stride(0), tokens, q.size(1), d, cos.data_ptr<T>(), sin.data_ptr<T>(), d, buf);
+  rope_rows<T>(k.data_ptr<T>(), k.stride(0), tokens, k.size(1), d, cos.data_ptr<T>(), sin.data_ptr<T>(), d, buf);
+  write_rows<T>(k.data_ptr<T>(), k.stride(0), k_cache.data_ptr<T>(), slots, tokens, row);
+  write_rows<T>(v.data_ptr<T>(), v.stride(0), v_cache.data_ptr<T>(), slots, tokens, row);
+}
+
 // h += delta, rounded to T as at::add rounds it (one float sum per element).
 template <typename T>
 void add_rows(T* h, const T* delta, int64_t n) {
@@ -588,21 +601,10 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, co
   const int64_t n_slots = k_cache.size(0);
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK_VALUE(slots[t] >= 0 && slots[t] < n_slots, "kiln rope_and_cache: slot ", slots[t], " out of range");
-  const int64_t row = k.size(1) * d;
-  std::vector<float> buf;
   if (dt == torch::kFloat32) {
-    rope_rows<float>(q.data_ptr<float>(), q.stride(0), tokens, q.size(1), d, cos.data_ptr<float>(),
-                     sin.data_ptr<float>(), d, buf);
-    rope_rows<float>(k.data_ptr<float>(), k.stride(0), tokens, k.size(1), d, cos.data_ptr<float>(),
-                     sin.data_ptr<float>(), d, buf);
-    write_rows<float>(k.data_ptr<float>(), k.stride(0), k_cache.data_ptr<float>(), slots, tokens, row);
-    write_rows<float>(v.data_ptr<float>(), v.stride(0), v_cache.data_ptr<float>(), slots, tokens, row);
+    rope_and_cache_rows<float>(q, k, v, cos, sin, k_cache, v_cache, slots);
   } else if (dt == torch::kBFloat16) {
-    using B = c10::BFloat16;
-    rope_rows<B>(q.data_ptr<B>(), q.stride(0), tokens, q.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
-    rope_rows<B>(k.data_ptr<B>(), k.stride(0), tokens, k.size(1), d, cos.data_ptr<B>(), sin.data_ptr<B>(), d, buf);
-    write_rows<B>(k.data_ptr<B>(), k.stride(0), k_cache.data_ptr<B>(), slots, tokens, row);
-    write_rows<B>(v.data_ptr<B>(), v.stride(0), v_cache.data_ptr<B>(), slots, tokens, row);
+    rope_and_cache_rows<c10::BFloat16>(q, k, v, cos, sin, k_cache, v_cache, slots);
   } else {
     TORCH_CHECK_VALUE(false, "kiln rope_and_cache: float32 or bfloat16 only");
   }

@@ -87,7 +87,7 @@ class DecodeStack {
     // At one token per sequence a step's dozen small ops per layer cost as much as a matrix does, so
     // the residual adds happen in place (on a copy of the caller's h) and q, k, v stay views of the
     // fused output; every value is rounded as the layer path rounds it.
-    h = h.contiguous().clone();
+    h = h.clone(at::MemoryFormat::Contiguous);
     for (int64_t i = 0; i < num_layers(); ++i) {
       const Layer& L = layers_[static_cast<size_t>(i)];
       auto k_cache = kv.select(0, i).select(0, 0);
@@ -99,10 +99,9 @@ class DecodeStack {
         add_lora(1, i, qkv.narrow(1, qn, kn), x);
         add_lora(2, i, qkv.narrow(1, qn + kn, kn), x);
       }
-      const int64_t w = qkv.size(1);
-      auto q = qkv.as_strided({T, heads_, head_dim_}, {w, head_dim_, 1}, qkv.storage_offset());
-      auto k = qkv.as_strided({T, kv_heads_, head_dim_}, {w, head_dim_, 1}, qkv.storage_offset() + qn);
-      auto v = qkv.as_strided({T, kv_heads_, head_dim_}, {w, head_dim_, 1}, qkv.storage_offset() + qn + kn);
+      auto q = qkv.narrow(1, 0, qn).view({T, heads_, head_dim_});
+      auto k = qkv.narrow(1, qn, kn).view({T, kv_heads_, head_dim_});
+      auto v = qkv.narrow(1, qn + kn, kn).view({T, kv_heads_, head_dim_});
       rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
       auto attn = paged_attention(q, k_cache, v_cache, context_slots, context_lens, scale);
       auto o = L.o(attn);

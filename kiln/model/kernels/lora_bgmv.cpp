@@ -259,8 +259,9 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
     xrow.resize(static_cast<size_t>(K));
     xa.resize(static_cast<size_t>(R));
     d.resize(static_cast<size_t>(N));
-    // the group's adapter: AVX-512 reads bfloat16 factors as they are; the other paths take them
-    // widened to float32 once per call (exact), so every path computes the same values
+    // the group's adapter (groups hold rows of one slot > 0): AVX-512 reads bfloat16 factors as they
+    // are; the other paths take them widened to float32 once per call (exact), so every path
+    // computes the same values
     const int64_t gs = slot[order[starts[g]]];
     const float* ga = nullptr;
     const float* gb = nullptr;
@@ -278,8 +279,6 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
     }
     for (int64_t j = starts[g]; j < starts[g + 1]; ++j) {
       const int64_t i = order[j];
-      const int64_t s = slot[i];
-      if (s <= 0) continue;
       const float* xr;
       if (x_type == torch::kFloat32) {
         xr = x.data_ptr<float>() + i * x.stride(0);
@@ -297,7 +296,7 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
       }
 #ifdef KILN_LORA_X86
       if (direct_bf16) {
-        row_avx512<uint16_t>(xr, ah + s * R * K, bh + s * R * N, R, K, N, xa.data(), d.data());
+        row_avx512<uint16_t>(xr, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
       } else
 #endif
       {
