@@ -2,9 +2,10 @@
 
 The base projection runs once for the whole batch; each token then adds its own low-rank delta
 `(x @ A[slot].T) @ B[slot]` from the bank, so requests on different adapters (and the base, slot 0,
-whose factors are zero) share every step. Decode rows use their slot's factors (BGMV: the C++ kernel
-in kernels/lora_bgmv.cpp reads them in place; torch's fallback gathers them for a bmm); a prefill
-chunk belongs to one sequence, so it uses its slot's factors directly (SGMV over one segment).
+whose factors are zero) share every step. The C++ kernel (kernels/lora_bgmv.cpp) takes every row of
+the step in one call, decodes and prefill chunks alike, reading each row's slot's factors in place.
+torch's fallback gathers the decode rows' factors for a bmm, and multiplies a prefill chunk (one
+sequence) by its slot's factors directly (SGMV over one segment).
 Adapters are never merged into the base weights.
 """
 
@@ -44,6 +45,19 @@ class LoraStep:
     decode_slots: Tensor | None                 # [Bd] slot per decode token (None: no decode uses LoRA)
     num_decode: int
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (start, length, slot), slot > 0
+    # [T'] slot per flat token up to the last one with an adapter, for the kernel: decodes and prefill
+    # chunks in one call (None: no segments, the decode slots cover it)
+    row_slots: Tensor | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.segments:
+            end = max(start + length for start, length, _ in self.segments)
+            rows = torch.zeros(end, dtype=torch.long)
+            if self.decode_slots is not None:
+                rows[: self.num_decode] = self.decode_slots.cpu()
+            for start, length, slot in self.segments:
+                rows[start : start + length] = slot
+            self.row_slots = rows
 
 
 class LoraBank:
@@ -105,17 +119,18 @@ class LoraBank:
         if not self.used[name]:
             return y
         a, b = self.a_layers[name][layer], self.b_layers[name][layer]
+        module = _kernel(x, a)
+        if module is not None:
+            rows = step.row_slots if step.row_slots is not None else step.decode_slots
+            module.lora_bgmv_add(y, x, a, b, rows)
+            return y
         cd = self.compute_dtype
         if step.decode_slots is not None:
-            module = _kernel(x, a)
-            if module is not None:
-                module.lora_bgmv_add(y, x, a, b, step.decode_slots)
-            else:
-                # index_select, not a[slots]: advanced indexing of a 3-D tensor costs milliseconds on CPU
-                xd = x[: step.num_decode].unsqueeze(1).to(cd)                                   # [Bd, 1, in]
-                xa = torch.bmm(xd, a.index_select(0, step.decode_slots).to(cd).transpose(1, 2))  # [Bd, 1, R]
-                yd = torch.bmm(xa, b.index_select(0, step.decode_slots).to(cd)).squeeze(1)     # [Bd, out]
-                y[: step.num_decode] += yd.to(y.dtype)
+            # index_select, not a[slots]: advanced indexing of a 3-D tensor costs milliseconds on CPU
+            xd = x[: step.num_decode].unsqueeze(1).to(cd)                                   # [Bd, 1, in]
+            xa = torch.bmm(xd, a.index_select(0, step.decode_slots).to(cd).transpose(1, 2))  # [Bd, 1, R]
+            yd = torch.bmm(xa, b.index_select(0, step.decode_slots).to(cd)).squeeze(1)     # [Bd, out]
+            y[: step.num_decode] += yd.to(y.dtype)
         for start, length, slot in step.segments:
             if slot not in self.used[name]:
                 continue

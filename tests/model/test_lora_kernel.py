@@ -66,6 +66,27 @@ def test_a_rows_delta_does_not_depend_on_the_rows_sharing_its_adapter(dtype):
         assert torch.equal(alone[0], together[i])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k,n,r", [(576, 1536, 16), (37, 45, 3)])
+@pytest.mark.parametrize("isa", _isas())
+def test_a_prefill_chunks_rows_each_get_the_bits_they_get_alone(dtype, k, n, r, isa):
+    # 41 rows of slot 1 and 6 of slot 2: blocks of four rows, the rows left over, and a split of the
+    # long run across tasks all give a row the result it gets as the only row of its call
+    g = torch.Generator().manual_seed(k * n)
+    a, b = torch.randn(3, r, k, generator=g).to(dtype), torch.randn(3, r, n, generator=g).to(dtype)
+    slots = torch.tensor([0, 2] + [1] * 41 + [2] * 5 + [0])
+    x = torch.randn(len(slots), k, generator=g).to(dtype)
+    out = torch.randn(len(slots), n, generator=g).to(dtype)
+    together = out.clone()
+    kernels.load().lora_bgmv_add(together, x, a, b, slots, isa)
+    for i in range(len(slots)):
+        alone = out[i : i + 1].clone()
+        kernels.load().lora_bgmv_add(alone, x[i : i + 1], a, b, slots[i : i + 1], isa)
+        assert torch.equal(alone[0], together[i]), i
+    ref = _reference(out, x, a.float(), b.float(), slots)
+    assert (together.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
 @pytest.mark.parametrize("k,n", [(576, 1536), (37, 45)])
 @pytest.mark.parametrize("isa", _isas())
 def test_bfloat16_factors_give_the_bits_of_float32_factors_with_the_same_values(k, n, isa):
@@ -116,3 +137,28 @@ def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(monkeypatch):
     with_torch = bank.apply(y.clone(), x, 1, "down_proj", step)
     assert torch.allclose(with_kernel, with_torch, atol=1e-5)
     assert torch.equal(with_kernel[1], y[1])
+
+
+def test_a_steps_row_slots_cover_its_decodes_and_prefill_chunks():
+    step = LoraStep(torch.tensor([2, 0, 1]), 3, [(3, 2, 1), (7, 3, 2)])
+    assert step.row_slots.tolist() == [2, 0, 1, 1, 1, 0, 0, 2, 2, 2]
+    assert LoraStep(torch.tensor([1]), 1).row_slots is None
+
+
+def test_bank_prefill_chunks_agree_between_kernel_and_torch_fallback(monkeypatch):
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=12)
+    bank = LoraBank(cfg, 3, 8, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    for slot in (1, 2):
+        bank.set_slot(slot, {(0, m): (torch.randn(8, i, generator=g), torch.randn(o, 8, generator=g), 0.5)
+                             for m, (i, o) in bank.shapes.items()})
+    # no decodes; a 37-token chunk on slot 2, a base chunk, a 9-token chunk on slot 1
+    step = LoraStep(None, 0, [(0, 37, 2), (45, 9, 1)])
+    x = torch.randn(54, 48, generator=g)
+    y = torch.randn(54, 80, generator=g)
+    with_kernel = bank.apply(y.clone(), x, 0, "gate_proj", step)
+    monkeypatch.setattr(lora_module, "_kernel", lambda x, a: None)
+    with_torch = bank.apply(y.clone(), x, 0, "gate_proj", step)
+    assert torch.allclose(with_kernel, with_torch, atol=1e-4)
+    assert torch.equal(with_kernel[37:45], y[37:45])

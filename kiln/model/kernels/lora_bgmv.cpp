@@ -1,4 +1,5 @@
-// Batched multi-adapter LoRA for decode rows (BGMV): out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i].
+// Batched multi-adapter LoRA (BGMV): out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i], for the decode
+// rows of a step and the rows of its prefill chunks alike.
 //
 // A is [S, R, K] and B is [S, R, N] (float32, or bfloat16 for a bfloat16 model: half the bytes; the
 // adapter scale folded into B); slot 0 is the base
@@ -7,6 +8,9 @@
 // pass over N that keeps blocks of the delta in registers across all R ranks and adds them to `out`
 // (float32 or bfloat16, accumulated in float32). torch's bmm over gathered factors copies every
 // row's A and B first; this reads them in place, which is most of the difference at decode sizes.
+// A prefill chunk brings many rows of one slot: AVX-512 takes them four at a time, loading each
+// factor vector once for the four (the per-row loop is load-bound there), with every row's products
+// and sums in the per-row order, so a row's bits never depend on its neighbours.
 //
 // Like qlinear.cpp, the SIMD functions carry their own target attributes and are picked from cpuid.
 
@@ -131,6 +135,83 @@ KILN_LORA_AVX512 void row_avx512(const float* x, const W* a, const W* b, int64_t
   }
 }
 
+// xa[i * R + j] = dot(x_i, a[j]) for four rows i and RB ranks j, each sum in row_avx512's order
+template <typename W, int RB>
+KILN_LORA_AVX512 inline void xa_rows4(const float* const* xs, const W* a, int64_t K, float* xa, int64_t R) {
+  const int64_t k16 = K & ~int64_t(15);
+  const __mmask16 kmask = static_cast<__mmask16>((1u << (K - k16)) - 1);
+  __m512 acc0[4][RB], acc1[4][RB];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < RB; ++j) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= k16; k += 32) {
+    __m512 a0[RB], a1[RB];
+    for (int j = 0; j < RB; ++j) {
+      a0[j] = load16(a + j * K + k);
+      a1[j] = load16(a + j * K + k + 16);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512 x0 = _mm512_loadu_ps(xs[i] + k), x1 = _mm512_loadu_ps(xs[i] + k + 16);
+      for (int j = 0; j < RB; ++j) {
+        acc0[i][j] = _mm512_fmadd_ps(x0, a0[j], acc0[i][j]);
+        acc1[i][j] = _mm512_fmadd_ps(x1, a1[j], acc1[i][j]);
+      }
+    }
+  }
+  for (; k < k16; k += 16)
+    for (int j = 0; j < RB; ++j) {
+      const __m512 aj = load16(a + j * K + k);
+      for (int i = 0; i < 4; ++i) acc0[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xs[i] + k), aj, acc0[i][j]);
+    }
+  if (kmask)
+    for (int j = 0; j < RB; ++j) {
+      const __m512 aj = load16(kmask, a + j * K + k16);
+      for (int i = 0; i < 4; ++i)
+        acc1[i][j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kmask, xs[i] + k16), aj, acc1[i][j]);
+    }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < RB; ++j) xa[i * R + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i][j], acc1[i][j]));
+}
+
+// row_avx512 for four rows of one adapter: xa is [4, R], d is [4, N]; each row's values are the bits
+// row_avx512 gives it alone
+template <typename W>
+KILN_LORA_AVX512 void rows4_avx512(const float* const* xs, const W* a, const W* b, int64_t R, int64_t K, int64_t N,
+                                   float* xa, float* d) {
+  int64_t r = 0;
+  for (; r + 2 <= R; r += 2) xa_rows4<W, 2>(xs, a + r * K, K, xa + r, R);
+  for (; r < R; ++r) xa_rows4<W, 1>(xs, a + r * K, K, xa + r, R);
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < R; ++q) {
+      const W* br = b + q * N + n;
+      const __m512 b0 = load16(br), b1 = load16(br + 16), b2 = load16(br + 32), b3 = load16(br + 48);
+      for (int i = 0; i < 4; ++i) {
+        const __m512 s = _mm512_set1_ps(xa[i * R + q]);
+        acc[i][0] = _mm512_fmadd_ps(s, b0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(s, b1, acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(s, b2, acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(s, b3, acc[i][3]);
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(d + i * N + n + 16 * c, acc[i][c]);
+  }
+  for (; n < N; n += 16) {
+    const __mmask16 m = N - n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n)) - 1);
+    __m512 acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < R; ++q) {
+      const __m512 bq = load16(m, b + q * N + n);
+      for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(xa[i * R + q]), bq, acc[i]);
+    }
+    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(d + i * N + n, m, acc[i]);
+  }
+}
+
 // bf16 -> f32 is exact (a 16-bit shift); f32 -> bf16 rounds to nearest even like c10::BFloat16.
 KILN_LORA_AVX512 void bf16_to_f32_avx512(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
@@ -246,20 +327,24 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
   const uint16_t* bh = bf16_factors ? reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>()) : nullptr;
   for (int64_t i = 0; i < rows; ++i)
     TORCH_CHECK_VALUE(slot[i] < S, "kiln lora_bgmv: slot ", slot[i], " is outside the bank's ", S, " slots");
-  // One task per adapter (a run of slot-sorted rows) on the kernels' pool, which a decode step keeps
-  // awake: the adapters' factors are as many bytes as the base weights, so both cores should stream
-  // them. A row's result depends only on its own x and slot, never on the task split.
+  // Tasks on the kernels' pool, which a decode step keeps awake: one per adapter (a run of
+  // slot-sorted rows), split every kRowsPerTask rows so a prefill chunk's many rows of one adapter
+  // use both cores too; at decode sizes the adapters' factors are as many bytes as the base weights,
+  // so both cores should stream them. A row's result depends only on its own x and slot, never on
+  // the task split.
+  constexpr int64_t kRowsPerTask = 32;
   std::vector<int64_t> starts;
   for (int64_t j = 0; j < rows; ++j)
-    if (slot[order[j]] > 0 && (starts.empty() || slot[order[j]] != slot[order[j - 1]])) starts.push_back(j);
-  const int64_t groups = static_cast<int64_t>(starts.size());
+    if (slot[order[j]] > 0 && (starts.empty() || slot[order[j]] != slot[order[j - 1]] || j - starts.back() >= kRowsPerTask))
+      starts.push_back(j);
+  const int64_t tasks = static_cast<int64_t>(starts.size());
   starts.push_back(rows);
-  kiln::parallel_tasks(groups, [&](int64_t g) {
-    thread_local std::vector<float> xrow, xa, d, a32, b32;
-    xrow.resize(static_cast<size_t>(K));
-    xa.resize(static_cast<size_t>(R));
-    d.resize(static_cast<size_t>(N));
-    // the group's adapter (groups hold rows of one slot > 0): AVX-512 reads bfloat16 factors as they
+  kiln::parallel_tasks(tasks, [&](int64_t g) {
+    thread_local std::vector<float> xrows, xa, d, a32, b32;
+    xrows.resize(static_cast<size_t>(4 * K));
+    xa.resize(static_cast<size_t>(4 * R));
+    d.resize(static_cast<size_t>(4 * N));
+    // the task's adapter (tasks hold rows of one slot > 0): AVX-512 reads bfloat16 factors as they
     // are; the other paths take them widened to float32 once per call (exact), so every path
     // computes the same values
     const int64_t gs = slot[order[starts[g]]];
@@ -277,23 +362,54 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
       ga = a32.data();
       gb = b32.data();
     }
-    for (int64_t j = starts[g]; j < starts[g + 1]; ++j) {
-      const int64_t i = order[j];
-      const float* xr;
-      if (x_type == torch::kFloat32) {
-        xr = x.data_ptr<float>() + i * x.stride(0);
-      } else {
-        const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>() + i * x.stride(0);
+    // row i's activations as float32 (bfloat16 widened into the q-th scratch row)
+    auto x_row = [&](int64_t i, int q) -> const float* {
+      if (x_type == torch::kFloat32) return x.data_ptr<float>() + i * x.stride(0);
+      const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>() + i * x.stride(0);
+      float* dst = xrows.data() + q * K;
 #ifdef KILN_LORA_X86
-        if (use == LORA_AVX512) {
-          bf16_to_f32_avx512(reinterpret_cast<const uint16_t*>(xb), xrow.data(), K);
-        } else
-#endif
-        {
-          for (int64_t k = 0; k < K; ++k) xrow[k] = static_cast<float>(xb[k]);
-        }
-        xr = xrow.data();
+      if (use == LORA_AVX512) {
+        bf16_to_f32_avx512(reinterpret_cast<const uint16_t*>(xb), dst, K);
+        return dst;
       }
+#endif
+      for (int64_t k = 0; k < K; ++k) dst[k] = static_cast<float>(xb[k]);
+      return dst;
+    };
+    // out[i] += delta (float32), or rounded once into bfloat16
+    auto add_out = [&](int64_t i, const float* delta) {
+      if (out_type == torch::kFloat32) {
+        float* o = out.data_ptr<float>() + i * out.stride(0);
+        for (int64_t n = 0; n < N; ++n) o[n] += delta[n];
+        return;
+      }
+      c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + i * out.stride(0);
+#ifdef KILN_LORA_X86
+      if (use == LORA_AVX512) {
+        add_to_bf16_avx512(reinterpret_cast<uint16_t*>(o), delta, N);
+        return;
+      }
+#endif
+      for (int64_t n = 0; n < N; ++n) o[n] = static_cast<c10::BFloat16>(static_cast<float>(o[n]) + delta[n]);
+    };
+    int64_t j = starts[g];
+#ifdef KILN_LORA_X86
+    if (use == LORA_AVX512) {
+      for (; j + 4 <= starts[g + 1]; j += 4) {
+        const float* xs[4];
+        for (int q = 0; q < 4; ++q) xs[q] = x_row(order[j + q], q);
+        if (direct_bf16) {
+          rows4_avx512<uint16_t>(xs, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
+        } else {
+          rows4_avx512<float>(xs, ga, gb, R, K, N, xa.data(), d.data());
+        }
+        for (int q = 0; q < 4; ++q) add_out(order[j + q], d.data() + q * N);
+      }
+    }
+#endif
+    for (; j < starts[g + 1]; ++j) {
+      const int64_t i = order[j];
+      const float* xr = x_row(i, 0);
 #ifdef KILN_LORA_X86
       if (direct_bf16) {
         row_avx512<uint16_t>(xr, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
@@ -302,19 +418,7 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
       {
         lora_row(use, xr, ga, gb, R, K, N, xa.data(), d.data());
       }
-      if (out_type == torch::kFloat32) {
-        float* o = out.data_ptr<float>() + i * out.stride(0);
-        for (int64_t n = 0; n < N; ++n) o[n] += d[n];
-      } else {
-        c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + i * out.stride(0);
-#ifdef KILN_LORA_X86
-        if (use == LORA_AVX512) {
-          add_to_bf16_avx512(reinterpret_cast<uint16_t*>(o), d.data(), N);
-          continue;
-        }
-#endif
-        for (int64_t n = 0; n < N; ++n) o[n] = static_cast<c10::BFloat16>(static_cast<float>(o[n]) + d[n]);
-      }
+      add_out(i, d.data());
     }
   });
 }

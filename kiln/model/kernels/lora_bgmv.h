@@ -1,4 +1,4 @@
-// Batched multi-adapter LoRA for decode rows (see lora_bgmv.cpp).
+// Batched multi-adapter LoRA for the decode and prefill rows of a step (see lora_bgmv.cpp).
 #pragma once
 
 #include <torch/extension.h>
