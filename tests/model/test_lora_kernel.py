@@ -120,21 +120,31 @@ def test_kernel_refuses_a_slot_outside_the_bank():
         kernels.load().lora_bgmv_add(torch.zeros(1, 8), torch.randn(1, 16), a, b, torch.tensor([2]))
 
 
-def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(monkeypatch):
-    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=6)
-    bank = LoraBank(cfg, 3, 4, torch.float32, torch.device("cpu"))
-    g = torch.Generator().manual_seed(3)
+def _bank_with_two_adapters(hidden: int, inter: int, head_dim: int, layers: int, rank: int,
+                            g: torch.Generator) -> LoraBank:
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=hidden, intermediate_size=inter,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim)
+    bank = LoraBank(cfg, 3, rank, torch.float32, torch.device("cpu"))
     for slot in (1, 2):
-        bank.set_slot(slot, {(layer, m): (torch.randn(4, i, generator=g), torch.randn(o, 4, generator=g), 0.5)
-                             for layer in range(2) for m, (i, o) in bank.shapes.items()})
+        bank.set_slot(slot, {(layer, m): (torch.randn(rank, i, generator=g), torch.randn(o, rank, generator=g), 0.5)
+                             for layer in range(layers) for m, (i, o) in bank.shapes.items()})
+    return bank
+
+
+def _kernel_and_torch(monkeypatch, bank: LoraBank, y, x, layer: int, name: str, step: LoraStep):
+    with_kernel = bank.apply(y.clone(), x, layer, name, step)
+    monkeypatch.setattr(lora_module, "_kernel", lambda x, a: None)
+    return with_kernel, bank.apply(y.clone(), x, layer, name, step)
+
+
+def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    bank = _bank_with_two_adapters(24, 40, 6, layers=2, rank=4, g=g)
     # three decode rows (slots 2, 0, 1), then a 3-token prefill segment on slot 1
     step = LoraStep(torch.tensor([2, 0, 1]), 3, [(3, 3, 1)])
     x = torch.randn(6, 40, generator=g)
     y = torch.randn(6, 24, generator=g)
-    with_kernel = bank.apply(y.clone(), x, 1, "down_proj", step)
-    monkeypatch.setattr(lora_module, "_kernel", lambda x, a: None)
-    with_torch = bank.apply(y.clone(), x, 1, "down_proj", step)
+    with_kernel, with_torch = _kernel_and_torch(monkeypatch, bank, y, x, 1, "down_proj", step)
     assert torch.allclose(with_kernel, with_torch, atol=1e-5)
     assert torch.equal(with_kernel[1], y[1])
 
@@ -146,19 +156,12 @@ def test_a_steps_row_slots_cover_its_decodes_and_prefill_chunks():
 
 
 def test_bank_prefill_chunks_agree_between_kernel_and_torch_fallback(monkeypatch):
-    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=12)
-    bank = LoraBank(cfg, 3, 8, torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(5)
-    for slot in (1, 2):
-        bank.set_slot(slot, {(0, m): (torch.randn(8, i, generator=g), torch.randn(o, 8, generator=g), 0.5)
-                             for m, (i, o) in bank.shapes.items()})
+    bank = _bank_with_two_adapters(48, 80, 12, layers=1, rank=8, g=g)
     # no decodes; a 37-token chunk on slot 2, a base chunk, a 9-token chunk on slot 1
     step = LoraStep(None, 0, [(0, 37, 2), (45, 9, 1)])
     x = torch.randn(54, 48, generator=g)
     y = torch.randn(54, 80, generator=g)
-    with_kernel = bank.apply(y.clone(), x, 0, "gate_proj", step)
-    monkeypatch.setattr(lora_module, "_kernel", lambda x, a: None)
-    with_torch = bank.apply(y.clone(), x, 0, "gate_proj", step)
+    with_kernel, with_torch = _kernel_and_torch(monkeypatch, bank, y, x, 0, "gate_proj", step)
     assert torch.allclose(with_kernel, with_torch, atol=1e-4)
     assert torch.equal(with_kernel[37:45], y[37:45])
