@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -45,19 +46,19 @@ class LoraStep:
     decode_slots: Tensor | None                 # [Bd] slot per decode token (None: no decode uses LoRA)
     num_decode: int
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (start, length, slot), slot > 0
-    # [T'] slot per flat token up to the last one with an adapter, for the kernel: decodes and prefill
-    # chunks in one call (None: no segments, the decode slots cover it)
-    row_slots: Tensor | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        if self.segments:
-            end = max(start + length for start, length, _ in self.segments)
-            rows = torch.zeros(end, dtype=torch.long)
-            if self.decode_slots is not None:
-                rows[: self.num_decode] = self.decode_slots.cpu()
-            for start, length, slot in self.segments:
-                rows[start : start + length] = slot
-            self.row_slots = rows
+    @cached_property
+    def row_slots(self) -> Tensor | None:
+        """[T'] slot per flat token up to the last one with an adapter, for the CPU kernel: decodes and
+        prefill chunks in one call (None: no segments, the decode slots cover it)."""
+        if not self.segments:
+            return None
+        end = max(start + length for start, length, _ in self.segments)
+        rows = torch.zeros(end, dtype=torch.long)
+        if self.decode_slots is not None:
+            rows[: self.num_decode] = self.decode_slots.cpu()
+        for start, length, slot in self.segments:
+            rows[start : start + length] = slot
+        return rows
 
 
 class LoraBank:
