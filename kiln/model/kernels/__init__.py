@@ -110,12 +110,15 @@ def best_isa() -> str | None:
 
 
 def extension_name() -> str:
-    """`kiln_kernels_<hash of the sources and flags>`: each version builds into its own cache
-    directory, so two checkouts (or an upgrade) never load each other's library."""
+    """`kiln_kernels_<hash of the sources, flags and their directory>`: each version builds into its
+    own cache directory, so an upgrade never loads an older library. The directory counts because
+    torch's builder writes the source paths into the build: two checkouts sharing one cache entry
+    would each find it stale and rebuild it, in turn, every time the other had used it."""
     digest = hashlib.sha256()
     for path in [*SOURCES, *HEADERS]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
+    digest.update(str(SOURCE.parent.resolve()).encode())
     return f"kiln_kernels_{digest.hexdigest()[:12]}"
 
 
