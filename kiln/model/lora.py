@@ -46,6 +46,7 @@ class LoraStep:
     decode_slots: Tensor | None                 # [Bd] slot per decode token (None: no decode uses LoRA)
     num_decode: int
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (start, length, slot), slot > 0
+
     @cached_property
     def row_slots(self) -> Tensor | None:
         """[T'] slot per flat token up to the last one with an adapter, for the CPU kernel: decodes and
@@ -123,7 +124,8 @@ class LoraBank:
         module = _kernel(x, a)
         if module is not None:
             rows = step.row_slots if step.row_slots is not None else step.decode_slots
-            module.lora_bgmv_add(y, x, a, b, rows)
+            if rows is not None:
+                module.lora_bgmv_add(y, x, a, b, rows)
             return y
         cd = self.compute_dtype
         if step.decode_slots is not None:
