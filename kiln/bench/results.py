@@ -33,10 +33,12 @@ class MetricSpec:
 class Row:
     spec: MetricSpec
     values: dict[str, float] = field(default_factory=dict)   # engine -> value
+    # engines whose value is shown but measured a different case (no ratio against it)
+    incomparable: set[str] = field(default_factory=set)
 
     def reference(self) -> tuple[str, float] | None:
         for engine in REFERENCE_ORDER:
-            if engine in self.values:
+            if engine in self.values and engine not in self.incomparable:
                 return engine, self.values[engine]
         return None
 
@@ -57,7 +59,8 @@ class BenchResult:
     unavailable: dict[str, str] = field(default_factory=dict)  # engine -> why it was not measured
     complete: bool = True        # False while engines remain: a checkpoint of a run still going
 
-    def record(self, spec: MetricSpec, engine: str, value: float | None) -> None:
+    def record(self, spec: MetricSpec, engine: str, value: float | None, comparable: bool = True) -> None:
+        """`comparable=False`: the engine's figure is shown, but Kiln's is not given as a ratio to it."""
         if value is None:
             return
         row = self.row(spec.key)
@@ -65,6 +68,8 @@ class BenchResult:
             row = Row(spec)
             self.rows.append(row)
         row.values[engine] = float(value)
+        if not comparable:
+            row.incomparable.add(engine)
 
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.spec.key == key), None)

@@ -97,6 +97,29 @@ def test_itl_records_percentiles_and_their_spread():
     assert ctx.result.value("itl.p99_over_p50", "kiln") == pytest.approx(5.0)
 
 
+def test_a_serial_servers_itl_is_shown_but_not_compared():
+    class Serial(FakeEngine):
+        def itl(self, stream_prompts, long_prompt, max_tokens, trigger_tokens):
+            run = super().itl(stream_prompts, long_prompt, max_tokens, trigger_tokens)
+            run.triggered_after_tokens = 0   # every stream had finished before the long prompt went
+            return run
+
+    ctx = context(itl_trigger_tokens=16)
+    measure_itl(ctx, FakeEngine("kiln"))
+    measure_itl(ctx, Serial("llama.cpp"))
+    row = ctx.result.row("itl.p50_ms")
+    assert row.values["llama.cpp"] == pytest.approx(10.0)
+    assert row.reference() is None and row.kiln_ratio() is None
+    assert any("not compared" in n for n in ctx.result.notes)
+
+
+def test_an_overlapping_itl_run_is_compared():
+    ctx = context(itl_trigger_tokens=16)
+    measure_itl(ctx, FakeEngine("kiln"))
+    measure_itl(ctx, FakeEngine("llama.cpp"))
+    assert ctx.result.row("itl.p50_ms").reference() == ("llama.cpp", pytest.approx(10.0))
+
+
 def test_an_engine_without_itl_records_nothing():
     class NoItl(FakeEngine):
         def itl(self, *args):
