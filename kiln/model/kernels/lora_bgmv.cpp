@@ -79,69 +79,14 @@ KILN_LORA_AVX512 inline __m512 load16(__mmask16 m, const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
-// W: float (float32 factors) or uint16_t (bfloat16 factors, half the bytes to stream). Either way
-// every product and sum is float32, in the same order: bfloat16 factors give the bits float32
-// factors holding the same values give.
-template <typename W>
-KILN_LORA_AVX512 void row_avx512(const float* x, const W* a, const W* b, int64_t R, int64_t K, int64_t N,
-                                 float* xa, float* d) {
-  constexpr int64_t E = sizeof(W);
+// xa[i * R + j] = dot(x_i, a[j]) for ROWS rows i and RB ranks j (a: the RB ranks' rows); each sum is
+// two float32 chains over alternate 16-column blocks (the tail in the second), then added
+template <typename W, int ROWS, int RB>
+KILN_LORA_AVX512 inline void xa_block(const float* const* xs, const W* a, int64_t K, float* xa, int64_t R) {
   const int64_t k16 = K & ~int64_t(15);
   const __mmask16 kmask = static_cast<__mmask16>((1u << (K - k16)) - 1);
-  // the factors come from DRAM at decode sizes: ask for A and the start of B's rows ahead of use
-  const char* abytes = reinterpret_cast<const char*>(a);
-  const int64_t abytes_n = R * K * E;
-  for (int64_t off = 0; off < std::min<int64_t>(abytes_n, kPrefetchBytes); off += 64) _mm_prefetch(abytes + off, _MM_HINT_T0);
-  for (int64_t r = 0; r < R; ++r) {
-    const W* ar = a + r * K;
-    for (int64_t off = r * K * E + kPrefetchBytes; off < std::min<int64_t>(abytes_n, (r + 1) * K * E + kPrefetchBytes);
-         off += 64)
-      _mm_prefetch(abytes + off, _MM_HINT_T0);
-    if (r == R - 1)
-      for (int64_t q = 0; q < R; ++q) _mm_prefetch(reinterpret_cast<const char*>(b + q * N), _MM_HINT_T0);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 32 <= k16; k += 32) {
-      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load16(ar + k), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), load16(ar + k + 16), acc1);
-    }
-    for (; k < k16; k += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load16(ar + k), acc0);
-    if (kmask) acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kmask, x + k16), load16(kmask, ar + k16), acc1);
-    xa[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-  }
-  int64_t n = 0;
-  for (; n + 64 <= N; n += 64) {
-    __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps(), d2 = _mm512_setzero_ps(), d3 = _mm512_setzero_ps();
-    for (int64_t r = 0; r < R; ++r) {
-      const __m512 s = _mm512_set1_ps(xa[r]);
-      const W* br = b + r * N + n;
-      for (int64_t e = 0; e < 64 * E; e += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(br + kPrefetchAheadB) + e, _MM_HINT_T0);
-      d0 = _mm512_fmadd_ps(s, load16(br), d0);
-      d1 = _mm512_fmadd_ps(s, load16(br + 16), d1);
-      d2 = _mm512_fmadd_ps(s, load16(br + 32), d2);
-      d3 = _mm512_fmadd_ps(s, load16(br + 48), d3);
-    }
-    _mm512_storeu_ps(d + n, d0);
-    _mm512_storeu_ps(d + n + 16, d1);
-    _mm512_storeu_ps(d + n + 32, d2);
-    _mm512_storeu_ps(d + n + 48, d3);
-  }
-  for (; n < N; n += 16) {
-    const __mmask16 m = N - n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n)) - 1);
-    __m512 d0 = _mm512_setzero_ps();
-    for (int64_t r = 0; r < R; ++r) d0 = _mm512_fmadd_ps(_mm512_set1_ps(xa[r]), load16(m, b + r * N + n), d0);
-    _mm512_mask_storeu_ps(d + n, m, d0);
-  }
-}
-
-// xa[i * R + j] = dot(x_i, a[j]) for four rows i and RB ranks j, each sum in row_avx512's order
-template <typename W, int RB>
-KILN_LORA_AVX512 inline void xa_rows4(const float* const* xs, const W* a, int64_t K, float* xa, int64_t R) {
-  const int64_t k16 = K & ~int64_t(15);
-  const __mmask16 kmask = static_cast<__mmask16>((1u << (K - k16)) - 1);
-  __m512 acc0[4][RB], acc1[4][RB];
-  for (int i = 0; i < 4; ++i)
+  __m512 acc0[ROWS][RB], acc1[ROWS][RB];
+  for (int i = 0; i < ROWS; ++i)
     for (int j = 0; j < RB; ++j) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= k16; k += 32) {
@@ -150,7 +95,7 @@ KILN_LORA_AVX512 inline void xa_rows4(const float* const* xs, const W* a, int64_
       a0[j] = load16(a + j * K + k);
       a1[j] = load16(a + j * K + k + 16);
     }
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < ROWS; ++i) {
       const __m512 x0 = _mm512_loadu_ps(xs[i] + k), x1 = _mm512_loadu_ps(xs[i] + k + 16);
       for (int j = 0; j < RB; ++j) {
         acc0[i][j] = _mm512_fmadd_ps(x0, a0[j], acc0[i][j]);
@@ -161,35 +106,58 @@ KILN_LORA_AVX512 inline void xa_rows4(const float* const* xs, const W* a, int64_
   for (; k < k16; k += 16)
     for (int j = 0; j < RB; ++j) {
       const __m512 aj = load16(a + j * K + k);
-      for (int i = 0; i < 4; ++i) acc0[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xs[i] + k), aj, acc0[i][j]);
+      for (int i = 0; i < ROWS; ++i) acc0[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xs[i] + k), aj, acc0[i][j]);
     }
   if (kmask)
     for (int j = 0; j < RB; ++j) {
       const __m512 aj = load16(kmask, a + j * K + k16);
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < ROWS; ++i)
         acc1[i][j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kmask, xs[i] + k16), aj, acc1[i][j]);
     }
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < ROWS; ++i)
     for (int j = 0; j < RB; ++j) xa[i * R + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i][j], acc1[i][j]));
 }
 
-// row_avx512 for four rows of one adapter: xa is [4, R], d is [4, N]; each row's values are the bits
-// row_avx512 gives it alone
-template <typename W>
-KILN_LORA_AVX512 void rows4_avx512(const float* const* xs, const W* a, const W* b, int64_t R, int64_t K, int64_t N,
-                                   float* xa, float* d) {
+// ROWS rows of one adapter: xa [ROWS, R] and d [ROWS, N] (d[i] = sum_r xa[i, r] * b[r], overwritten).
+// W: float (float32 factors) or uint16_t (bfloat16 factors, half the bytes to stream). Either way
+// every product and sum is float32, in an order that does not depend on ROWS or W: a row gets the same
+// bits in a block of four as alone, and bfloat16 factors give the bits of float32 factors holding the
+// same values. One row is a decode row, whose factors come from DRAM: it asks for A and B ahead of use.
+// Four rows come from a prefill chunk and share every factor load.
+template <typename W, int ROWS>
+KILN_LORA_AVX512 void rows_avx512(const float* const* xs, const W* a, const W* b, int64_t R, int64_t K, int64_t N,
+                                  float* xa, float* d) {
+  constexpr bool stream = ROWS == 1;
+  constexpr int64_t E = sizeof(W);
+  const char* abytes = reinterpret_cast<const char*>(a);
+  const int64_t abytes_n = R * K * E;
+  auto prefetch_a = [&](int64_t from, int64_t to) {
+    for (int64_t off = from; off < std::min<int64_t>(abytes_n, to); off += 64) _mm_prefetch(abytes + off, _MM_HINT_T0);
+  };
+  if (stream) prefetch_a(0, kPrefetchBytes);
   int64_t r = 0;
-  for (; r + 2 <= R; r += 2) xa_rows4<W, 2>(xs, a + r * K, K, xa + r, R);
-  for (; r < R; ++r) xa_rows4<W, 1>(xs, a + r * K, K, xa + r, R);
+  for (; r + 2 <= R; r += 2) {
+    if (stream) prefetch_a(r * K * E + kPrefetchBytes, (r + 2) * K * E + kPrefetchBytes);
+    xa_block<W, ROWS, 2>(xs, a + r * K, K, xa + r, R);
+  }
+  for (; r < R; ++r) {
+    if (stream) prefetch_a(r * K * E + kPrefetchBytes, (r + 1) * K * E + kPrefetchBytes);
+    xa_block<W, ROWS, 1>(xs, a + r * K, K, xa + r, R);
+  }
+  if (stream)
+    for (int64_t q = 0; q < R; ++q) _mm_prefetch(reinterpret_cast<const char*>(b + q * N), _MM_HINT_T0);
   int64_t n = 0;
   for (; n + 64 <= N; n += 64) {
-    __m512 acc[4][4];
-    for (int i = 0; i < 4; ++i)
+    __m512 acc[ROWS][4];
+    for (int i = 0; i < ROWS; ++i)
       for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
     for (int64_t q = 0; q < R; ++q) {
       const W* br = b + q * N + n;
+      if (stream)
+        for (int64_t e = 0; e < 64 * E; e += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(br + kPrefetchAheadB) + e, _MM_HINT_T0);
       const __m512 b0 = load16(br), b1 = load16(br + 16), b2 = load16(br + 32), b3 = load16(br + 48);
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < ROWS; ++i) {
         const __m512 s = _mm512_set1_ps(xa[i * R + q]);
         acc[i][0] = _mm512_fmadd_ps(s, b0, acc[i][0]);
         acc[i][1] = _mm512_fmadd_ps(s, b1, acc[i][1]);
@@ -197,18 +165,18 @@ KILN_LORA_AVX512 void rows4_avx512(const float* const* xs, const W* a, const W* 
         acc[i][3] = _mm512_fmadd_ps(s, b3, acc[i][3]);
       }
     }
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < ROWS; ++i)
       for (int c = 0; c < 4; ++c) _mm512_storeu_ps(d + i * N + n + 16 * c, acc[i][c]);
   }
   for (; n < N; n += 16) {
     const __mmask16 m = N - n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n)) - 1);
-    __m512 acc[4];
-    for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+    __m512 acc[ROWS];
+    for (int i = 0; i < ROWS; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t q = 0; q < R; ++q) {
       const __m512 bq = load16(m, b + q * N + n);
-      for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(xa[i * R + q]), bq, acc[i]);
+      for (int i = 0; i < ROWS; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(xa[i * R + q]), bq, acc[i]);
     }
-    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(d + i * N + n, m, acc[i]);
+    for (int i = 0; i < ROWS; ++i) _mm512_mask_storeu_ps(d + i * N + n, m, acc[i]);
   }
 }
 
@@ -282,7 +250,7 @@ KILN_LORA_AVX2 void row_avx2(const float* x, const float* a, const float* b, int
 void lora_row(int isa, const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N, float* xa,
               float* d) {
 #ifdef KILN_LORA_X86
-  if (isa == LORA_AVX512) return row_avx512<float>(x, a, b, R, K, N, xa, d);
+  if (isa == LORA_AVX512) return rows_avx512<float, 1>(&x, a, b, R, K, N, xa, d);
   if (isa == LORA_AVX2) return row_avx2(x, a, b, R, K, N, xa, d);
 #endif
   row_scalar(x, a, b, R, K, N, xa, d);
@@ -399,9 +367,9 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
         const float* xs[4];
         for (int q = 0; q < 4; ++q) xs[q] = x_row(order[j + q], q);
         if (direct_bf16) {
-          rows4_avx512<uint16_t>(xs, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
+          rows_avx512<uint16_t, 4>(xs, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
         } else {
-          rows4_avx512<float>(xs, ga, gb, R, K, N, xa.data(), d.data());
+          rows_avx512<float, 4>(xs, ga, gb, R, K, N, xa.data(), d.data());
         }
         for (int q = 0; q < 4; ++q) add_out(order[j + q], d.data() + q * N);
       }
@@ -412,7 +380,7 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
       const float* xr = x_row(i, 0);
 #ifdef KILN_LORA_X86
       if (direct_bf16) {
-        row_avx512<uint16_t>(xr, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
+        rows_avx512<uint16_t, 1>(&xr, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
       } else
 #endif
       {
