@@ -50,9 +50,9 @@ class LoraStep:
     @cached_property
     def row_slots(self) -> Tensor | None:
         """[T'] slot per flat token up to the last one with an adapter, for the CPU kernel: decodes and
-        prefill chunks in one call (None: no segments, the decode slots cover it)."""
+        prefill chunks in one call (without segments, the decode slots; None: no row has an adapter)."""
         if not self.segments:
-            return None
+            return self.decode_slots
         end = max(start + length for start, length, _ in self.segments)
         rows = torch.zeros(end, dtype=torch.long)
         if self.decode_slots is not None:
@@ -123,9 +123,8 @@ class LoraBank:
         a, b = self.a_layers[name][layer], self.b_layers[name][layer]
         module = _kernel(x, a)
         if module is not None:
-            rows = step.row_slots if step.row_slots is not None else step.decode_slots
-            if rows is not None:
-                module.lora_bgmv_add(y, x, a, b, rows)
+            if step.row_slots is not None:
+                module.lora_bgmv_add(y, x, a, b, step.row_slots)
             return y
         cd = self.compute_dtype
         if step.decode_slots is not None:

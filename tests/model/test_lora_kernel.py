@@ -152,7 +152,7 @@ def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(monkeypatch):
 def test_a_steps_row_slots_cover_its_decodes_and_prefill_chunks():
     step = LoraStep(torch.tensor([2, 0, 1]), 3, [(3, 2, 1), (7, 3, 2)])
     assert step.row_slots.tolist() == [2, 0, 1, 1, 1, 0, 0, 2, 2, 2]
-    assert LoraStep(torch.tensor([1]), 1).row_slots is None
+    assert LoraStep(torch.tensor([1]), 1).row_slots.tolist() == [1]
 
 
 def test_bank_prefill_chunks_agree_between_kernel_and_torch_fallback(monkeypatch):
