@@ -1,29 +1,19 @@
-"""Validate instances against a named entrypoint of the contract schemas in ../shared/spec.
+"""Validate instances against a named entrypoint of the contract schemas in kiln/contracts.
 
 All three schema files go into one `referencing` registry so their cross-file `$ref`s resolve
-without the network (see shared/spec/README.md).
+without the network (see kiln/contracts/README.md).
 """
 
 from __future__ import annotations
 
-import json
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SPEC_DIR = REPO_ROOT.parent / "shared" / "spec"
-
-
-@cache
-def _schemas() -> dict[str, dict[str, Any]]:
-    files = sorted(SPEC_DIR.glob("*.schema.json"))
-    if not files:
-        raise FileNotFoundError(f"no *.schema.json files under {SPEC_DIR}")
-    return {p.name: json.loads(p.read_text()) for p in files}
+from kiln.contracts import CONTRACTS_DIR as SPEC_DIR
+from kiln.contracts import schemas as _schemas
 
 
 @cache

@@ -1,5 +1,5 @@
 """Every JSON body and SSE event the inference endpoints emit, validated against its entrypoint in
-shared/spec/kiln-inference-v1.schema.json, on a plain model and on one that prompts inside <think>.
+kiln/contracts/kiln-inference-v1.schema.json, on a plain model and on one that prompts inside <think>.
 
 The request bodies are validated against their request entrypoints too, so the cases exercise the
 contract as a client would write it.
