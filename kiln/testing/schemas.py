@@ -12,7 +12,6 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from kiln.contracts import CONTRACTS_DIR as SPEC_DIR
 from kiln.contracts import schemas as _schemas
 
 
