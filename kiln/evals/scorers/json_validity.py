@@ -6,6 +6,7 @@ import json
 from typing import Any, Literal
 
 from kiln.evals.scorers.base import Example, ScoreContext, ScoreResult, SpecModel, failed, invalid, passed
+from kiln.store.strict_json import loads_strict
 
 MISSING = object()
 
@@ -53,12 +54,8 @@ def extract_json_text(text: str) -> str:
     return text[start:] if end is None else text[start:end]
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_json(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant)
+    return loads_strict(text)
 
 
 def resolve_pointer(doc: Any, pointer: str) -> Any:
