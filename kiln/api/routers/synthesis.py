@@ -1,9 +1,9 @@
 """Suite synthesis from a dataset partition (semantics.md §1.6, §10): preview, and synthesize + save.
 
-Needs `state.services["datasets"]` (DatasetStore) and `state.services["eval_suites"]` (SuiteStore),
+Needs `state.services.datasets` (DatasetStore) and `state.services.eval_suites` (SuiteStore),
 built by those routers' `init`. `run_against` admits one on-demand run of the saved suite per adapter
 through the eval job manager (`EvalJobManager`) found at request time under
-`state.services["eval_jobs"]`; without one it is a 503 before anything is saved.
+`state.services.eval_jobs`; without one it is a 503 before anything is saved.
 """
 
 from __future__ import annotations
@@ -39,20 +39,16 @@ router = APIRouter(tags=["evals"])
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 PREVIEW_EXAMPLES = 10
-DATASETS, SUITES, JOBS = "datasets", "eval_suites", "eval_jobs"
+DATASETS, SUITES = "datasets", "eval_suites"
 
 
 async def _json_body(request: Request) -> Any:
-    declared = request.headers.get("content-length")
-    too_large = declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES
-    if too_large or len(await request.body()) > MAX_BODY_BYTES:
-        raise KilnError(413, CODE, f"{PREFIX}synthesis body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB",
-                        hint="Send the synthesis config only; the conversations come from the dataset.")
-    return await read_json_body(request, code=CODE, prefix=PREFIX)
+    return await read_json_body(request, code=CODE, prefix=PREFIX, max_bytes=MAX_BODY_BYTES, what="synthesis body",
+                                hint="Send the synthesis config only; the conversations come from the dataset.")
 
 
 def _service(request: Request, key: str, code: str, what: str) -> Any:
-    service = get_state(request).services.get(key)
+    service = getattr(get_state(request).services, key)
     if service is None:
         raise KilnError(503, code, f"the {what} is not available on this server",
                         hint="Check that [data] data_dir exists and is writable, then restart the server.")
@@ -95,7 +91,7 @@ async def preview(request: Request, name: str) -> JSONResponse:
 
 
 def _eval_jobs(request: Request) -> Any:
-    jobs = get_state(request).services.get(JOBS)
+    jobs = get_state(request).services.eval_jobs
     if jobs is None or not all(hasattr(jobs, attr) for attr in ("ctx", "submit", "ensure_started")):
         raise KilnError(503, "eval_registry_unavailable", "run_against needs the eval job manager, which is not "
                         "available on this server", param="run_against",
