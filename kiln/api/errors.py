@@ -85,6 +85,11 @@ async def read_json_body(request: Request, *, code: str = "invalid_request", pre
     return body
 
 
+async def parse_body(request: Request, model: type[M], *, code: str, prefix: str = "") -> M:
+    """`read_json_body` then `parse_model`: the request body as `model`, or a 400 naming the field."""
+    return parse_model(model, await read_json_body(request, code=code, prefix=prefix), code=code, prefix=prefix)
+
+
 def _too_large(code: str, prefix: str, what: str, max_bytes: int, hint: str | None) -> KilnError:
     return KilnError(413, code, f"{prefix}{what} is larger than {max_bytes >> 20} MiB", hint=hint)
 

@@ -12,9 +12,10 @@ Imports: core (reasoning split, tool-call parsing, chat metadata), the engine's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -148,16 +149,15 @@ async def collect(engine: Engine, prep: PreparedChat, *, raise_on_error: bool = 
     return outs
 
 
-async def complete_chat(engine: Engine, prep: PreparedChat) -> dict[str, Any]:
-    """A `chat.completion` body."""
+@contextlib.contextmanager
+def _finishing(engine: Engine, record: Callable[[str, str | None], FinishedCompletion]) -> Iterator[None]:
+    """Start a completion; on leaving, however it leaves, finish it with `record(status, error)`: ok,
+    the class of a KilnError, "error", or "cancelled" when the task was cancelled (the client left)."""
     engine.start_completion()
-    outs: list[ChoiceOutput] = []
     status, error = "cancelled", None
     try:
-        outs = await collect(engine, prep)
-        body = _completion_body(engine, prep, outs)
+        yield
         status = "ok"
-        return body
     except KilnError as e:
         status, error = status_of(e.status), e.message
         raise
@@ -165,7 +165,16 @@ async def complete_chat(engine: Engine, prep: PreparedChat) -> dict[str, Any]:
         status, error = "error", str(e)
         raise
     finally:
-        engine.finish_completion(_chat_finished(prep, status, outs, [o.finish_reason for o in outs], error=error))
+        engine.finish_completion(record(status, error))
+
+
+async def complete_chat(engine: Engine, prep: PreparedChat) -> dict[str, Any]:
+    """A `chat.completion` body."""
+    outs: list[ChoiceOutput] = []
+    with _finishing(engine, lambda status, error: _chat_finished(prep, status, outs, [o.finish_reason for o in outs],
+                                                                 error=error)):
+        outs += await collect(engine, prep)
+        return _completion_body(engine, prep, outs)
 
 
 def _completion_body(engine: Engine, prep: PreparedChat, outs: list[ChoiceOutput]) -> dict[str, Any]:
@@ -340,13 +349,11 @@ async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, 
 async def run_batch(engine: Engine, batch: PreparedBatch) -> dict[str, Any]:
     """A `batch.completion` body: every runnable prompt in one continuous batch; a prompt that could
     not run, or whose generation failed, gives finish_reason "error" items and the rest still return."""
-    engine.start_completion()
     n = batch.inp.n
     runnable = batch.runnable
     outputs = {pl.index: [ChoiceOutput() for _ in range(n)] for pl in runnable}
-    status, error = "cancelled", None
     items: list[dict[str, Any]] = []
-    try:
+    with _finishing(engine, lambda status, error: _batch_finished(batch, outputs, items, status, error)):
         requests = batch.work()
         if requests:
             async for i, ev in engine.submit(requests):
@@ -354,22 +361,6 @@ async def run_batch(engine: Engine, batch: PreparedBatch) -> dict[str, Any]:
         for pl in batch.plans:
             for c in range(n):
                 items.append(_batch_item(batch, pl, c, outputs.get(pl.index, [None] * n)[c]))
-        status = "ok"
-    except KilnError as e:
-        status, error = status_of(e.status), e.message
-        raise
-    except Exception as e:
-        status, error = "error", str(e)
-        raise
-    finally:
-        applied = {pl.index: pl.budget_applies for pl in runnable}
-        outs = [o for p in sorted(outputs) for o in outputs[p]]
-        engine.finish_completion(FinishedCompletion(
-            "batch", batch.id, batch.model_id, batch.adapter.label if batch.adapter else "base", False, status,
-            batch.started_at, now(), sum(len(pl.prompt_ids) for pl in batch.plans), outs,
-            [it["finish_reason"] for it in items], None, batch.budget.to_dict(),
-            [{"applied": applied[p], **(o.outcome or {})} for p, os_ in outputs.items() for o in os_],
-            error, batch))
     total_prompt = sum(it["usage"]["prompt_tokens"] for it in items)
     total_completion = sum(it["usage"]["completion_tokens"] for it in items)
     return {
@@ -381,6 +372,17 @@ async def run_batch(engine: Engine, batch: PreparedBatch) -> dict[str, Any]:
         "usage": usage(total_prompt, total_completion),
         "metadata": {"thinking_budget": batch.budget.to_dict()},
     }
+
+
+def _batch_finished(batch: PreparedBatch, outputs: dict[int, list[ChoiceOutput]], items: list[dict[str, Any]],
+                    status: str, error: str | None) -> FinishedCompletion:
+    applied = {pl.index: pl.budget_applies for pl in batch.runnable}
+    return FinishedCompletion(
+        "batch", batch.id, batch.model_id, batch.adapter.label if batch.adapter else "base", False, status,
+        batch.started_at, now(), sum(len(pl.prompt_ids) for pl in batch.plans),
+        [o for p in sorted(outputs) for o in outputs[p]], [it["finish_reason"] for it in items], None,
+        batch.budget.to_dict(), [{"applied": applied[p], **(o.outcome or {})} for p, outs in outputs.items()
+                                 for o in outs], error, batch)
 
 
 def _batch_item(batch: PreparedBatch, plan: PromptPlan, c: int, out: ChoiceOutput | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kiln.api.errors import parse_model, read_json_body
+from kiln.api.errors import parse_body
 from kiln.api.routers.metrics import counting_refusals
 from kiln.api.state import get_state
 from kiln.api.wire.batch import PREFIX, BatchCompletionRequest
@@ -26,8 +26,7 @@ async def batch_completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
     with counting_refusals(state, started):
-        req = parse_model(BatchCompletionRequest, await read_json_body(request, code=CODE, prefix=PREFIX),
-                          code=CODE, prefix=PREFIX)
+        req = await parse_body(request, BatchCompletionRequest, code=CODE, prefix=PREFIX)
         engine = state.require_engine()
         batch = prepare_batch(engine, req.to_input(), req.prompt_dicts(), state.settings.server, started=started)
     return JSONResponse(await run_batch(engine, batch))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from kiln.api.errors import parse_model, read_json_body
+from kiln.api.errors import parse_body
 from kiln.api.routers.metrics import counting_refusals
 from kiln.api.state import ServerState, get_state
 from kiln.api.wire.chat import PREFIX, ChatCompletionRequest
@@ -40,8 +40,7 @@ async def chat_completions(request: Request):
     started = now()
     state = get_state(request)
     with counting_refusals(state, started):
-        req = parse_model(ChatCompletionRequest, await read_json_body(request, code=CODE, prefix=PREFIX),
-                          code=CODE, prefix=PREFIX)
+        req = await parse_body(request, ChatCompletionRequest, code=CODE, prefix=PREFIX)
         engine = state.require_engine()
         prep = prepare_chat(engine, req.to_input(), state.settings.server, started=started)
     if req.stream:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kiln.api.errors import parse_model, read_json_body
+from kiln.api.errors import parse_body
 from kiln.api.routers.metrics import counting_refusals, metrics_for
 from kiln.api.state import get_state
 from kiln.api.wire.completions import PREFIX, TextCompletionRequest
@@ -24,8 +24,7 @@ async def completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
     with counting_refusals(state, started):
-        req = parse_model(TextCompletionRequest, await read_json_body(request, code=CODE, prefix=PREFIX),
-                          code=CODE, prefix=PREFIX)
+        req = await parse_body(request, TextCompletionRequest, code=CODE, prefix=PREFIX)
         engine = state.require_engine()
         ids = prepare_score(engine, ScoreInput(req.prompt, req.prompt_logprobs, req.model, req.add_special_tokens),
                             active_adapter=state.services.active_adapter_name())
