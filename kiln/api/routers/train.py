@@ -9,7 +9,6 @@ the eval job manager and listens for their end to resolve the gate (semantics.md
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,8 +21,9 @@ from kiln.api.services import ensure_adapters, ensure_training
 from kiln.api.state import ServerState, get_state
 from kiln.train.errors import CODE, PREFIX
 from kiln.train.manager import TrainingManager
-from kiln.train.plan import TrainingPlan, plan_grpo, plan_sft
+from kiln.train.plan import plan_grpo, plan_sft
 from kiln.train.requests import GrpoRequest, SftRequest
+from kiln.train.submission import submit_training
 
 router = APIRouter(tags=["training"])
 
@@ -48,17 +48,8 @@ async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResp
     manager = _manager(request)
     req = parse_model(model, await _body(request), code=CODE, prefix=PREFIX)
     engine = state.require_engine()
-    manager.check_capacity()
-    plan: TrainingPlan = await run_in_threadpool(planner, req, engine, ensure_adapters(state),
-                                                 state.services.datasets, state.services.eval_suites)
-    if plan.post_eval is not None and manager.eval_link is not None:
-        manager.eval_link.bind_loop(asyncio.get_running_loop())  # where the eval manager runs
-    job = manager.submit(plan)
-    what = f"{len(plan.work.items)} {'examples' if plan.job_type == 'sft' else 'groups'}"
-    # "queued" is the state at submission (§12.1); the worker may already have picked the job up.
-    return JSONResponse({"job_id": job.job_id, "state": "queued", "adapter_name": job.adapter_name,
-                         "message": f"Queued {plan.job_type.upper()} job training adapter `{job.adapter_name}` "
-                                    f"on {what} ({job.total_steps} steps)"})
+    return JSONResponse(await submit_training(manager, req, planner, engine, ensure_adapters(state),
+                                              state.services.datasets, state.services.eval_suites))
 
 
 @router.post("/v1/train/sft")
