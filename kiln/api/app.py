@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from kiln import __version__
 from kiln.api.errors import install_error_handlers
+from kiln.api.openapi import install_openapi
 from kiln.api.state import ServerState
 from kiln.config import Settings
 
@@ -39,4 +40,5 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         if init is not None:
             init(app.state.kiln)
         app.include_router(module.router)
+    install_openapi(app)
     return app
