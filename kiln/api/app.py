@@ -27,6 +27,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
     "kiln.api.routers.train",
+    "kiln.api.routers.compat",
 ]
 
 
