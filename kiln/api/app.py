@@ -23,6 +23,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.datasets",
     "kiln.api.routers.judgments",
     "kiln.api.routers.adapters",
+    "kiln.api.routers.adapter_export",
     "kiln.api.routers.eval_suites",
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
