@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from kiln import __version__
 from kiln.api.errors import install_error_handlers
 from kiln.api.openapi import install_openapi
+from kiln.api.request_log import RequestIdMiddleware
 from kiln.api.state import ServerState
 from kiln.config import Settings
 
@@ -43,4 +44,5 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
             init(app.state.kiln)
         app.include_router(module.router)
     install_openapi(app)
+    app.add_middleware(RequestIdMiddleware, access_log=settings.server.access_log)
     return app
