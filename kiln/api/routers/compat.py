@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.request_log import note_request
 from kiln.api.routers.chat import require_engine
 from kiln.api.routers.metrics import metrics_for, status_of
 from kiln.api.state import get_state
@@ -132,6 +133,11 @@ async def legacy_completions(request: Request) -> JSONResponse:
         engine = require_engine(request)
         plan, model_id = _plan(engine, state, req)
         result = await run_legacy_completion(engine, plan, timeout_s=state.settings.server.request_timeout_secs)
+        usage = result["usage"]
+        finishes = sorted({c["finish_reason"] for c in result["choices"]})
+        note_request(model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
+                     prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                     finish_reason=",".join(finishes))
         status = "ok"
         return JSONResponse({**result, "created": int(time.time()), "model": model_id})
     except KilnError as e:
