@@ -184,6 +184,26 @@ def _path_parameters(path: str, operation: dict[str, Any]) -> None:
             params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
 
 
+def _wire_bodies() -> dict[tuple[str, str], Any]:
+    """Non-contract routes whose bodies Kiln's own wire models define (vLLM's shapes)."""
+    from kiln.api.wire.compat import DetokenizeRequest, LegacyCompletionRequest, TokenizeRequest
+
+    out: dict[tuple[str, str], Any] = {("post", "/compat/v1/completions"): LegacyCompletionRequest}
+    for base in ("", "/compat"):
+        out[("post", f"{base}/tokenize")] = TokenizeRequest
+        out[("post", f"{base}/detokenize")] = DetokenizeRequest
+    return out
+
+
+def _apply_wire_body(operation: dict[str, Any], model: Any, components: dict[str, Any]) -> None:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    operation["requestBody"] = {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    operation.setdefault("responses", {})["4XX"] = _error_response("The request is invalid.")
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -194,6 +214,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         operation = paths.get(op.path, {}).get(op.method)
         if operation is not None:  # an app built with a subset of the routers (tests) lacks some
             _apply(operation, op)
+    for (method, path), model in _wire_bodies().items():
+        operation = paths.get(path, {}).get(method)
+        if operation is not None:
+            _apply_wire_body(operation, model, components)
     for path, item in paths.items():
         for operation in item.values():
             if isinstance(operation, dict) and "{" in path:

@@ -75,4 +75,4 @@ def test_no_route_answers_a_5xx_other_than_a_documented_503(contract_api):
     # the fuzzer got past validation: generated contract bodies were served, not only rejected
     accepted = {(method, path) for method, path, status in seen if status < 300}
     assert {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/completions/batch"),
-            ("POST", "/v1/eval/suites"), ("POST", "/v1/judgments")} <= accepted
+            ("POST", "/v1/eval/suites"), ("POST", "/v1/judgments"), ("POST", "/compat/v1/completions")} <= accepted
