@@ -140,11 +140,16 @@ class JsonFormatter(logging.Formatter):
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
+def formatter_for(fmt: str) -> logging.Formatter:
+    """server.log_format: "json" (one object per line) or "text"."""
+    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+
+
 def configure_logging(level: str, fmt: str = "text") -> None:
     """Root handler on stderr in the chosen format; uvicorn's loggers propagate to it."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(formatter_for(fmt))
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

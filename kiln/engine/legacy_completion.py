@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.core.sampling import SamplingParams
-from kiln.engine.engine import GenerationRequest
+from kiln.engine.actor import GenerationRequest
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.scoring import prompt_logprob_entries
 from kiln.errors import KilnError
@@ -83,7 +83,7 @@ async def _generate(engine: Any, plan: LegacyPlan) -> list[list[LegacyChoiceOut]
         index.append(i)
     if not requests:
         return outs
-    async for r, ev in engine.generate_many(requests):
+    async for r, ev in engine.submit(requests):
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         out = outs[index[r]][ev.index]

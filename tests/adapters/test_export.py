@@ -107,7 +107,7 @@ def cli(tmp_path, monkeypatch, store):
     (model / "config.json").write_text(json.dumps({"_name_or_path": "org/tiny-base"}))
     settings = Settings(data=DataSettings(data_dir=str(tmp_path / "data")), model=ModelSettings(path=str(model)))
     state = ServerState(settings=settings)
-    state.services["adapter_store"] = store
+    state.services.adapter_store = store
     state.engine = SimpleNamespace(info=SimpleNamespace(config=_config("llama")))
     monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.adapters",
                                                        "kiln.api.routers.adapter_export"])

@@ -20,7 +20,7 @@ URL = "/compat/v1/completions"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("compat-api")
@@ -29,14 +29,12 @@ def served(tmp_path_factory):
                         data=DataSettings(data_dir=str(root / "data")),
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
     state = ServerState(settings=settings)
-    state.engine = build_serving_engine(settings)
+    state.engine = build_engine(settings)
     mp = pytest.MonkeyPatch()
     mp.setattr(app_module, "ROUTER_MODULES", ROUTERS)
     app = app_module.create_app(settings, state)
     mp.undo()
-    services = state.services
-    state.engine.attach_adapters(services["adapter_store"], services["adapter_compose_cache"],
-                                 services["adapters_active"])
+    state.attach_adapters()
     yield SimpleNamespace(client=TestClient(app), state=state)
     state.engine.shutdown()
 

@@ -24,7 +24,7 @@ NOT_JSON = ["/v1/eval/datasets/upload", "/v1/adapters/upload"]
 
 @pytest.fixture(scope="module")
 def contract_api(tmp_path_factory):
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("fuzz")
@@ -36,10 +36,9 @@ def contract_api(tmp_path_factory):
     settings.server.request_timeout_secs = 30
     state = ServerState(settings=settings)
     app = app_module.create_app(settings, state)
-    engine = build_serving_engine(settings)
-    s = state.services
-    engine.attach_adapters(s["adapter_store"], s.get("adapter_compose_cache"), s.get("adapters_active"))
+    engine = build_engine(settings)
     state.engine = engine
+    state.attach_adapters()
     yield schemathesis.openapi.from_asgi("/openapi.json", app).exclude(path=NOT_JSON)
     engine.shutdown()
 

@@ -15,10 +15,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kiln.api.errors import parse_model, read_json_body
+from kiln.api.errors import parse_body, parse_model, read_json_body
 from kiln.api.request_log import note_request
-from kiln.api.routers.chat import require_engine
-from kiln.api.routers.metrics import metrics_for, status_of
+from kiln.api.routers.metrics import counting_refusals, metrics_for
 from kiln.api.state import get_state
 from kiln.api.wire.compat import (
     MAX_PROMPTS,
@@ -44,17 +43,21 @@ def _bad(message: str, param: str | None, hint: str, code: str = CODE) -> KilnEr
     return KilnError(400, code, PREFIX + message, param=param, hint=hint)
 
 
+def _engine(request: Request) -> Any:
+    return get_state(request).require_engine()
+
+
 def _check_model(request: Request, model: str | None) -> None:
     """Tokenizer routes serve one tokenizer: the served model's (adapters share it)."""
-    engine = require_engine(request)
-    select_model(model, served_model_id=engine.info.served_model_id,
-                 adapter_store=get_state(request).services.get("adapter_store"))
+    state = get_state(request)
+    select_model(model, served_model_id=state.require_engine().info.served_model_id,
+                 adapter_store=state.services.adapter_store)
 
 
 # ---- tokenizer routes (vLLM's shapes) ------------------------------------------------------------------
 
 def _tokenizer_info(request: Request) -> dict[str, Any]:
-    engine = require_engine(request)
+    engine = _engine(request)
     tok = engine.tokenizer
     info: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -72,7 +75,7 @@ async def _tokenize(request: Request) -> dict[str, Any]:
     body = parse_model(TokenizeRequest, await read_json_body(request, code=TOKENIZE_CODE, prefix=prefix),
                        code=TOKENIZE_CODE, prefix=prefix)
     _check_model(request, body.model)
-    engine = require_engine(request)
+    engine = _engine(request)
     if (body.prompt is None) == (body.messages is None):
         raise KilnError(400, TOKENIZE_CODE, prefix + "send exactly one of prompt or messages", param="prompt",
                         hint='Send {"prompt": "text"} or {"messages": [...]}.')
@@ -98,7 +101,7 @@ async def _detokenize(request: Request) -> dict[str, Any]:
     body = parse_model(DetokenizeRequest, await read_json_body(request, code=TOKENIZE_CODE, prefix=prefix),
                        code=TOKENIZE_CODE, prefix=prefix)
     _check_model(request, body.model)
-    engine = require_engine(request)
+    engine = _engine(request)
     _check_ids(body.tokens, engine.tokenizer.vocab_size, "tokens", TOKENIZE_CODE, prefix)
     return {"prompt": engine.tokenizer.decode(body.tokens)}
 
@@ -125,34 +128,26 @@ for _base in ("", "/compat"):
 async def legacy_completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
-    metrics = metrics_for(state)
-    status = "error"
-    try:
-        body = await read_json_body(request, code=CODE, prefix=PREFIX)
-        req = parse_model(LegacyCompletionRequest, body, code=CODE, prefix=PREFIX)
-        engine = require_engine(request)
+    with counting_refusals(state, started):
+        req = await parse_body(request, LegacyCompletionRequest, code=CODE, prefix=PREFIX)
+        engine = state.require_engine()
         plan, model_id = _plan(engine, state, req)
         result = await run_legacy_completion(engine, plan, timeout_s=state.settings.server.request_timeout_secs)
-        usage = result["usage"]
-        finishes = sorted({c["finish_reason"] for c in result["choices"]})
-        note_request(model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
-                     prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
-                     finish_reason=",".join(finishes))
-        status = "ok"
-        return JSONResponse({**result, "created": int(time.time()), "model": model_id})
-    except KilnError as e:
-        status = status_of(e.status)
-        raise
-    finally:
-        if metrics is not None:
-            metrics.finished(status, now() - started)
+    usage = result["usage"]
+    note_request(model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
+                 prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                 finish_reason=",".join(sorted({c["finish_reason"] for c in result["choices"]})))
+    metrics = metrics_for(state)
+    if metrics is not None:
+        metrics.finished("ok", now() - started)
+    return JSONResponse({**result, "created": int(time.time()), "model": model_id})
 
 
 def _plan(engine: Any, state: Any, req: LegacyCompletionRequest) -> tuple[LegacyPlan, str]:
     if req.best_of is not None and req.best_of != req.n:
         raise _bad("best_of other than n is not supported", "best_of", "Leave best_of out.")
     selection = select_model(req.model, served_model_id=engine.info.served_model_id,
-                             adapter_store=state.services.get("adapter_store"))
+                             adapter_store=state.services.adapter_store)
     target = engine.resolve_adapter(adapter_given=selection.adapter is not None, adapter=selection.adapter,
                                     adapters=None, param="model")
     wants_logprobs = req.logprobs is not None
