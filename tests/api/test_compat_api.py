@@ -191,3 +191,10 @@ def test_an_unknown_model_is_model_not_found(client):
 def test_contract_completions_route_is_unchanged(client):
     r = client.post("/v1/completions", json={"prompt": "x y", "echo": True, "max_tokens": 5, "prompt_logprobs": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_a_vanishing_temperature_is_greedy_not_a_failed_step(client):
+    req = {"prompt": "Once upon a time", "max_tokens": 4}
+    greedy = client.post(URL, json={**req, "temperature": 0}).json()["choices"][0]["text"]
+    tiny = client.post(URL, json={**req, "temperature": 2.4e-163})
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["text"] == greedy
