@@ -73,6 +73,9 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     # Torch intra-op threads; 0 keeps torch's default.
     num_threads: int = 0
+    # The C++ kernels' instruction set: auto (KILN_CPU_ISA if set, else the CPU's best) | avx512 | avx2
+    # | scalar. Naming one the CPU lacks is an error.
+    cpu_isa: str = "auto"
 
 
 @dataclass

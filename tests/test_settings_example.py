@@ -185,6 +185,13 @@ def _threads(s: Settings) -> int:
     return torch_threads(s, env={})
 
 
+def _cpu_isa(s: Settings) -> str:
+    from kiln.model import kernels
+
+    with kernels.using_isa(s.engine.cpu_isa) as isa:   # what build_engine selects, then restored
+        return isa
+
+
 def _eval_jobs(s: Settings):
     from kiln.api.services import ensure_eval_jobs
 
@@ -273,6 +280,7 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("engine", "prefill_cost_with_decodes"): (0, lambda s, t: _effective(s, t)["engine"]["prefill_cost_with_decodes"]),
     ("engine", "enable_prefix_caching"): (False, lambda s, t: _effective(s, t)["engine"]["enable_prefix_caching"]),
     ("engine", "num_threads"): (3, lambda s, t: _threads(s)),
+    ("engine", "cpu_isa"): ("scalar", lambda s, t: _cpu_isa(s)),
     ("data", "data_dir"): ("./elsewhere", lambda s, t: _datasets_root(s)),
     ("data", "adapter_dir"): ("./my-adapters", lambda s, t: _adapters_root(s)),
     ("eval", "max_queued_jobs"): (3, lambda s, t: _eval_jobs(s).max_queued_jobs),

@@ -281,6 +281,10 @@ class Engine:
             except Exception:  # noqa: BLE001 - an observer must never fail the request it observes
                 log.exception("completion observer failed")
 
+    def cpu_kernels(self) -> dict[str, Any] | None:
+        """The C++ kernels' ISA in use, what the CPU offers and whether they run (None off the CPU)."""
+        return kernels.isa_report() if self.info.device.startswith("cpu") else None
+
     @property
     def close_think_ids(self) -> list[int]:
         """The tokenizer's own encoding of `</think>` (one special token or several ordinary ones)."""
@@ -334,6 +338,8 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     threads = torch_threads(settings)
     if threads > 0:
         torch.set_num_threads(threads)
+    if device.type == "cpu":
+        kernels.select_isa(settings.engine.cpu_isa)   # before dtype "auto" is resolved: it depends on it
     if device.type == "cpu" and kernels.enabled():
         # Built (or loaded from the cache) now, not mid-serving: every request runs the same code path.
         kernels.load()
@@ -367,8 +373,9 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
     if start:
         actor.start()
-    log.info("loaded %s from %s (%s, %s on %s) in %.1fs; KV pool %d blocks x %d tokens, context %d; weights %s",
-             info.describe(), path, weights.format, info.dtype, device, time.perf_counter() - t0,
-             num_blocks, block_size, max_len, identity.base_model_sha256)
+    log.info("loaded %s from %s (%s, %s on %s%s) in %.1fs; KV pool %d blocks x %d tokens, context %d; weights %s",
+             info.describe(), path, weights.format, info.dtype, device,
+             f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
+             time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
     return Engine(info, tokenizer, template, actor, weights, identity,
                          effective_inference_config(settings, info, runner.backend))

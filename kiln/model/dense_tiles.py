@@ -1,10 +1,12 @@
-"""Dense bfloat16 weights tiled for the C++ AVX512-BF16 kernel (kernels/dense_bf16.cpp).
+"""Dense bfloat16 weights tiled for the C++ dense kernel (kernels/dense_bf16.cpp).
 
 A model served in bfloat16 on the CPU gives each projection and the LM head a tiled twin that the
 serving (paged) path multiplies with; training, scoring and the dense path keep `nn.Linear`. torch's
-bfloat16 GEMV streams weights at 8-10 GB/s here, the kernel at about three times that, and it reads
-them once for up to 8 activation rows. Every output is one float32 chain over K in a fixed order, so
-a token's result does not depend on the batch it shares.
+bfloat16 GEMV streams weights at 8-10 GB/s here (a CPU without native bf16 dot products has only
+float32 GEMMs, twice the bytes); the kernel reads the bfloat16 tiles once for up to 8 activation rows,
+with vdpbf16ps on AVX512-BF16 and widening them in registers on AVX2. Every output is one float32
+chain over K in a fixed order, the same bits on every ISA, so a token's result depends neither on the
+batch it shares nor on the CPU.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ def tile_weight(weight: Tensor) -> DenseTiles:
 
 def attach_dense_tiles(model: nn.Module) -> bool:
     """Give every projection and the LM head of a bfloat16 CPU model its tiles; False when the kernel
-    cannot run here (not bfloat16, not CPU, no AVX512-BF16, kernels unavailable)."""
+    cannot run here (not bfloat16, not CPU, kernels unavailable or disabled)."""
     module = kernels.load() if kernels.enabled() else None
-    if module is None or not module.bf16_dot_supported():
+    if module is None:
         return False
     linears = [m for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and (name.endswith("_proj") or name == "lm_head")]

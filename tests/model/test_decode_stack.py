@@ -65,7 +65,7 @@ def _decode_run(model: Transformer, use_stack: bool, monkeypatch,
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, monkeypatch, kind, dtype):
+def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, tmp_path, monkeypatch, kind, dtype):
     model = _packed(tmp_path, kind, dtype=dtype)
     stacked, stacked_cache = _decode_run(model, True, monkeypatch)
     assert model._decode_stack not in (None, False), "the stack should have run"
@@ -76,7 +76,7 @@ def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, 
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_dense_bfloat16_tiles_run_in_the_stack_with_identical_bits(tmp_path, monkeypatch, kind):
+def test_dense_bfloat16_tiles_run_in_the_stack_with_identical_bits(each_isa, tmp_path, monkeypatch, kind):
     model = _packed(tmp_path, kind, quantization="none", dtype="bfloat16")
     if not hasattr(model.model.layers[0].self_attn.q_proj, "dense_tiles"):
         pytest.skip("no AVX512-BF16 on this CPU: the dense kernel is not used")
@@ -136,7 +136,7 @@ def _install_adapters(model: Transformer, modules: tuple[str, ...], dtype: torch
 
 @pytest.mark.parametrize("bank_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("modules", [MODULES, ("q_proj", "v_proj", "down_proj")])
-def test_adapter_decode_steps_through_the_stack_equal_the_layer_by_layer_path(tmp_path, monkeypatch, modules,
+def test_adapter_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, tmp_path, monkeypatch, modules,
                                                                               bank_dtype):
     model = _packed(tmp_path, "llama")
     _install_adapters(model, modules, bank_dtype)

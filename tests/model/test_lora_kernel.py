@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(kernels.load() is None, reason=f"kernels unavail
 
 
 def _isas() -> list[int]:
-    return list(range(kernels.ISA_LEVELS[kernels.best_isa()] + 1)) if kernels.best_isa() else [0]
+    return [kernels.ISA_LEVELS[isa] for isa in kernels.cpu_isas()]
 
 
 def _reference(out, x, a, b, slots):
@@ -53,7 +53,7 @@ def test_kernel_accumulates_in_float32_for_bfloat16_activations(isa):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_delta_does_not_depend_on_the_rows_sharing_its_adapter(dtype):
+def test_a_rows_delta_does_not_depend_on_the_rows_sharing_its_adapter(each_isa, dtype):
     g = torch.Generator().manual_seed(11)
     a, b = torch.randn(3, 16, 576, generator=g), torch.randn(3, 16, 1536, generator=g)
     x, out = torch.randn(5, 576, generator=g).to(dtype), torch.randn(5, 1536, generator=g).to(dtype)
@@ -137,7 +137,7 @@ def _kernel_and_torch(monkeypatch, bank: LoraBank, y, x, layer: int, name: str, 
     return with_kernel, bank.apply(y.clone(), x, layer, name, step)
 
 
-def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(monkeypatch):
+def test_bank_decode_rows_agree_between_kernel_and_torch_fallback(each_isa, monkeypatch):
     g = torch.Generator().manual_seed(3)
     bank = _bank_with_two_adapters(24, 40, 6, layers=2, rank=4, g=g)
     # three decode rows (slots 2, 0, 1), then a 3-token prefill segment on slot 1
@@ -155,7 +155,7 @@ def test_a_steps_row_slots_cover_its_decodes_and_prefill_chunks():
     assert LoraStep(torch.tensor([1]), 1).row_slots.tolist() == [1]
 
 
-def test_bank_prefill_chunks_agree_between_kernel_and_torch_fallback(monkeypatch):
+def test_bank_prefill_chunks_agree_between_kernel_and_torch_fallback(each_isa, monkeypatch):
     g = torch.Generator().manual_seed(5)
     bank = _bank_with_two_adapters(48, 80, 12, layers=1, rank=8, g=g)
     # no decodes; a 37-token chunk on slot 2, a base chunk, a 9-token chunk on slot 1

@@ -31,7 +31,7 @@ from kiln.model.quant import (
 )
 
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason=f"kernels unavailable: {kernels.load_error()}")
-ISAS = ["scalar", "avx2", "avx512_vnni"]
+ISAS = list(kernels.ISAS)
 
 
 def weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -54,8 +54,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def supported_isas() -> list[str]:
-    best = kernels.best_isa()
-    return ISAS[: ISAS.index(best) + 1] if best else []
+    return kernels.cpu_isas() if kernels.load() is not None else []
 
 
 # ---------------------------------------------------------------- GGUF repacking

@@ -58,6 +58,15 @@ def _training(state: ServerState) -> dict[str, Any]:
     return out
 
 
+def _cpu_kernels(engine: Any) -> dict[str, Any] | None:
+    report = getattr(engine, "cpu_kernels", None)
+    return report() if callable(report) else None
+
+
+def _cpu_isa(engine: Any) -> str | None:
+    return (_cpu_kernels(engine) or {}).get("isa")
+
+
 @router.get("/health")
 @router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
@@ -72,6 +81,8 @@ async def health(request: Request) -> JSONResponse:
         "uptime_seconds": round(time.time() - state.started_at, 3),
         "model": engine.describe() if engine is not None else None,
         "backend": engine.backend if engine is not None else None,
+        # the C++ kernels' instruction set in use (avx512 | avx2 | scalar; null: torch ops only)
+        "cpu_isa": _cpu_isa(engine),
         "active_adapter": active,
         "adapters_loaded": adapters_loaded,
         "scheduler": engine.scheduler_snapshot() if engine is not None else
@@ -130,6 +141,8 @@ async def effective_config(request: Request) -> JSONResponse:
             "architecture": info.config.architecture, "dtype": info.dtype, "device": info.device,
             "max_model_len": info.max_model_len, "num_blocks": info.num_blocks, "block_size": info.block_size,
             "backend": engine.backend,
+            "cpu_isa": _cpu_isa(engine),
+            "cpu_kernels": _cpu_kernels(engine),
             "base_model_sha256": engine.identity.base_model_sha256 if engine.identity else None,
         }
         body["default_sampling"] = sampling_dict(info.default_sampling(settings))

@@ -4,19 +4,26 @@
 Nothing is compiled at import: `load()` builds the extension the first time it is called (about a
 minute on two cores; later processes load the cached library from the torch extensions directory,
 `TORCH_EXTENSIONS_DIR` or `~/.cache/torch_extensions`). torch's builder holds a file lock while it
-compiles, so concurrent first uses in several processes build once. The library is compiled for the
-baseline ISA; its AVX2 and AVX512-VNNI functions carry their own target attributes and are chosen
-at run time from cpuid, so a cached build never executes instructions the CPU lacks.
+compiles, so concurrent first uses in several processes build once.
+
+One build serves every x86-64 CPU: the library is compiled for the baseline ISA and its AVX2 and
+AVX-512 functions carry their own target attributes (`kernels/isa.h`). Which ones run is chosen at
+run time: the CPU's best ISA by default, or a lower one named by `KILN_CPU_ISA=avx2|avx512|scalar`
+(or the `engine.cpu_isa` setting, through `select_isa`), so an AVX-512 machine can run and measure the
+AVX2 code; asking for an ISA the CPU lacks is an error. Every kernel has a scalar path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import logging
 import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -24,12 +31,20 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("qlinear.cpp")
 # The batched-LoRA kernel and the fused decode ops share the library (one build, one cache entry).
-SOURCES = [SOURCE, *(Path(__file__).with_name(f) for f in ("lora_bgmv.cpp", "decode_ops.cpp", "decode_stack.cpp", "dense_bf16.cpp"))]
-HEADERS = [Path(__file__).with_name(f) for f in ("qlinear.h", "lora_bgmv.h", "decode_ops.h", "decode_stack.h", "dense_bf16.h")]
+SOURCES = [SOURCE, *(Path(__file__).with_name(f)
+                     for f in ("isa.cpp", "lora_bgmv.cpp", "decode_ops.cpp", "decode_stack.cpp", "dense_bf16.cpp"))]
+HEADERS = [Path(__file__).with_name(f)
+           for f in ("isa.h", "qlinear.h", "lora_bgmv.h", "decode_ops.h", "decode_stack.h", "dense_bf16.h")]
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 # -fopenmp: at::parallel_for is header code that runs serially unless the extension itself has OpenMP
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17", "-fopenmp"]
-ISA_LEVELS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
+# the kernels' code paths, slowest first (levels of kernels/isa.h)
+ISAS = ("scalar", "avx2", "avx512")
+ISA_LEVELS = {name: level for level, name in enumerate(ISAS)}
+ISA_ENV = "KILN_CPU_ISA"
+# what each ISA needs, as /proc/cpuinfo names the flags (AVX2 comes with FMA and F16C)
+_ISA_FLAGS = {"avx2": ("avx2", "fma", "f16c"), "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                                                           "avx512dq")}
 
 DISABLE_ENV = "KILN_DISABLE_KERNELS"
 
@@ -65,20 +80,26 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _error: str | None = None
 _background: threading.Thread | None = None
+_built: ModuleType | None = None   # the library once compiled, before load() hands it out
 
 
 def load() -> ModuleType | None:
     """The compiled module, building it on the first call; None when it cannot be built."""
-    global _module, _error
+    global _module, _error, _built
     if _module is not None or _error is not None:
         return _module
     with _lock:
         if _module is None and _error is None:
             try:
-                _module = _build()
+                module = _build()
             except Exception as exc:  # no compiler, no ninja, a broken toolchain: fall back to torch
                 _error = f"{type(exc).__name__}: {exc}"
                 log.warning("C++ kernels unavailable, using the torch paths (%s)", _error)
+                return None
+            # an ISA the CPU lacks (KILN_CPU_ISA) is the caller's error, not a reason to fall back
+            _built = module
+            module.set_isa(ISA_LEVELS[active_isa()])
+            _module = module
     return _module
 
 
@@ -101,12 +122,115 @@ def load_error() -> str | None:
 
 
 def best_isa() -> str | None:
-    """The fastest code path this CPU runs ("avx512_vnni", "avx2", "scalar"), None without kernels."""
+    """The fastest code path this CPU runs ("avx512", "avx2", "scalar"), None without kernels."""
     module = load()
     if module is None:
         return None
-    level = module.best_isa()
-    return next(name for name, value in ISA_LEVELS.items() if value == level)
+    return ISAS[module.cpu_isa()]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is not there)."""
+    return _cpu_flags()
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_isas() -> list[str]:
+    """The ISAs this CPU runs, slowest first (scalar always). Read from the CPU flags without building
+    the kernels; where there are no flags to read, the built library's cpuid decides."""
+    flags = cpu_flags()
+    if not flags:
+        module = _built or load()
+        return list(ISAS[: module.cpu_isa() + 1]) if module is not None else ["scalar"]
+    return ["scalar", *(isa for isa in ISAS[1:] if all(f in flags for f in _ISA_FLAGS[isa]))]
+
+
+_selected: str | None = None   # set by select_isa; None: KILN_CPU_ISA, else the CPU's best
+_forced = False                # the ISA was named (setting or KILN_CPU_ISA), not the CPU's best
+
+
+def _check_isa(name: str, where: str) -> str:
+    name = name.strip().lower()
+    if name not in ISAS:
+        raise ValueError(f"{where} must be one of auto, {', '.join(ISAS)}; got {name!r}")
+    supported = cpu_isas()
+    if name not in supported:
+        raise ValueError(f"{where} is {name!r}, but this CPU runs only {', '.join(supported)} "
+                         f"(flags: {' '.join(sorted(cpu_flags() & {f for fs in _ISA_FLAGS.values() for f in fs}))})")
+    return name
+
+
+def requested_isa() -> str:
+    """The ISA `KILN_CPU_ISA` asks for ("auto" when unset)."""
+    return os.environ.get(ISA_ENV, "").strip().lower() or "auto"
+
+
+def select_isa(name: str | None = "auto") -> str:
+    """Use `name` ("auto": `KILN_CPU_ISA` if set, else the CPU's best) for every kernel call that names
+    no ISA; returns the ISA chosen. A ValueError names what the CPU supports when it lacks `name`."""
+    global _selected, _forced
+    where = "engine.cpu_isa"
+    if name is None or name.strip().lower() == "auto":
+        name, where = requested_isa(), ISA_ENV
+    chosen = cpu_isas()[-1] if name == "auto" else _check_isa(name, where)
+    _selected, _forced = chosen, name != "auto"
+    if _module is not None:
+        _module.set_isa(ISA_LEVELS[chosen])
+    return chosen
+
+
+def active_isa() -> str:
+    """The ISA the kernels run (what `select_isa` chose; by default `KILN_CPU_ISA` or the CPU's best)."""
+    return _selected if _selected is not None else select_isa("auto")
+
+
+@contextlib.contextmanager
+def using_isa(name: str) -> Iterator[str]:
+    """Run the kernels on `name` inside the block (tests compare every ISA the CPU supports), then
+    restore the previous choice."""
+    global _selected, _forced
+    previous = (_selected, _forced)
+    try:
+        yield select_isa(name)
+    finally:
+        _selected, _forced = previous
+        if _module is not None:
+            _module.set_isa(ISA_LEVELS[active_isa()])
+
+
+def isa_forced() -> bool:
+    """Whether the active ISA was asked for by name rather than picked as the CPU's best."""
+    active_isa()
+    return _forced
+
+
+def dense_bf16_fast() -> bool:
+    """Whether bfloat16 weights are the right default here: the kernels run (enabled, not failed to
+    build) on AVX2 or AVX-512, whose dense kernel reads bfloat16 at the speed of the hardware, or
+    their scalar path was asked for by name (the same bits as the vector paths, for testing)."""
+    if _disabled or _error is not None:
+        return False
+    return active_isa() != "scalar" or isa_forced()
+
+
+def isa_report() -> dict[str, object]:
+    """What /health, /v1/config and the bench report show: the ISA in use, what the CPU offers, and
+    whether the kernels run at all."""
+    state = "disabled" if _disabled else "ready" if _module is not None else "unavailable" if _error else "not built"
+    flags = cpu_flags()
+    return {"isa": active_isa() if state != "disabled" else None, "cpu_isas": cpu_isas(), "kernels": state,
+            "avx512_vnni": "avx512_vnni" in flags, "avx512_bf16": "avx512_bf16" in flags}
 
 
 def extension_name() -> str:

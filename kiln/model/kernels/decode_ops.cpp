@@ -19,6 +19,7 @@
 
 #include "decode_ops.h"
 
+#include "isa.h"
 #include "qlinear.h"
 
 #include <algorithm>
@@ -150,22 +151,10 @@ void combine_splits(const float* recs, int64_t splits, int64_t groups, int64_t d
 #define KILN_ATTN_AVX512 __attribute__((target("avx512f,fma")))
 #define KILN_ATTN_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
 
-bool attn_avx512() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  }();
-  return ok;
-}
-
-// bf16 dot products straight from the cache rows (vdpbf16ps: exact products, float32 sums).
-bool attn_bf16_dot() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return attn_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
-  }();
-  return ok;
-}
+// The AVX512 path at the active ISA level; bf16 dot products from the cache rows (vdpbf16ps: exact
+// products, float32 sums) where the CPU has them.
+bool attn_avx512(int64_t isa) { return isa >= kiln::ISA_AVX512; }
+bool attn_bf16_dot(int64_t isa) { return attn_avx512(isa) && kiln::cpu_has_avx512_bf16(); }
 
 constexpr int kMaxNV = 16;   // head_dim up to 256 on the vector path
 
@@ -436,6 +425,143 @@ void split_vector(const T* qh, float sc, const T* k_cache, const T* v_cache, con
     default: split_avx512<T, 0>(qh, sc, k_cache, v_cache, slot, n, hk, hkv, d, groups, bf16_dot, rec); break;
   }
 }
+
+// ---- AVX2 (+FMA) ----
+// The same splits and records as the other paths (so a token's bits depend on its length alone),
+// 8 positions at a time: each position's dot product accumulates in its own ymm over the head's
+// 16-value chunks, and one transposing reduction turns the 8 into a vector of 8 scores. bfloat16
+// rows widen in registers (a chunk of 16 becomes its even and its odd elements, one shift or mask
+// each); the query and the output accumulators use that order, and the output is put back in order
+// when the record is written. Records are in natural order: the scalar combine_splits joins splits.
+#define KILN_ATTN_AVX2 __attribute__((target("avx2,fma")))
+
+// the 8-lane pieces of 16 values of a row: (even, odd) elements for bf16, (first 8, last 8) for float
+KILN_ATTN_AVX2 inline void chunk16(const c10::BFloat16* p, __m256& a, __m256& b) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  b = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+KILN_ATTN_AVX2 inline void chunk16(const float* p, __m256& a, __m256& b) {
+  a = _mm256_loadu_ps(p);
+  b = _mm256_loadu_ps(p + 8);
+}
+// Where element i of a row lands among chunk16's pieces (16 * chunk + 8 * piece + lane).
+template <typename T>
+inline int64_t layout16(int64_t i) {
+  if (std::is_same<T, float>::value) return i;
+  const int64_t c = i / 16, r = i % 16;
+  return 16 * c + 8 * (r & 1) + (r >> 1);
+}
+
+// Lane j of the result = the sum of the 8 lanes of a[j].
+KILN_ATTN_AVX2 inline __m256 reduce8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// exp(x) for x <= 0 as exp16 computes it (Cephes' polynomial); below -87 the result is about 1e-38
+// instead of smaller (every caller masks or adds it to a sum of at least 1). NaN passes through.
+KILN_ATTN_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.f), x);   // max(c, NaN) is NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+KILN_ATTN_AVX2 inline __m256 lanes_below8(int64_t m) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(m, 8))), idx));
+}
+
+// One split for the query heads of KV head hk (d a multiple of 16, at most 256).
+template <typename T>
+KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T* v_cache, const int64_t* slot,
+                               int64_t n, int64_t hk, int64_t hkv, int64_t d, int64_t groups, float* rec) {
+  const int64_t nc = d / 16;
+  thread_local std::vector<float> qbuf, sbuf;
+  qbuf.resize(static_cast<size_t>(groups * d));
+  sbuf.resize(static_cast<size_t>(groups * (kSplitMax + 8)));
+  float* q = qbuf.data();
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < d; ++i) q[g * d + layout16<T>(i)] = static_cast<float>(qh[g * d + i]) * sc;
+  const int64_t ss = kSplitMax + 8;
+  // scores, 8 positions at a time (rows past n repeat the last one; their lanes are masked)
+  for (int64_t b = 0; b < n; b += 8) {
+    const T* rows[8];
+    for (int j = 0; j < 8; ++j) rows[j] = k_cache + (slot[b + std::min<int64_t>(j, n - 1 - b)] * hkv + hk) * d;
+    const __m256 valid = lanes_below8(n - b);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* qg = q + g * d;
+      __m256 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < nc; ++c) {
+        const __m256 q0 = _mm256_loadu_ps(qg + 16 * c), q1 = _mm256_loadu_ps(qg + 16 * c + 8);
+        for (int j = 0; j < 8; ++j) {
+          __m256 k0, k1;
+          chunk16(rows[j] + 16 * c, k0, k1);
+          a[j] = _mm256_fmadd_ps(k1, q1, _mm256_fmadd_ps(k0, q0, a[j]));
+        }
+      }
+      _mm256_storeu_ps(sbuf.data() + g * ss + b, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), reduce8(a), valid));
+    }
+  }
+  // softmax numerators in place (0 past n), each head's max and sum into the record
+  for (int64_t g = 0; g < groups; ++g) {
+    float* sg = sbuf.data() + g * ss;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t b = 0; b < n; b += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + b));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
+    float m = lanes[0];
+    for (int i = 1; i < 8; ++i) m = std::max(m, lanes[i]);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n; b += 8) {
+      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + b), _mm256_set1_ps(m))), lanes_below8(n - b));
+      _mm256_storeu_ps(sg + b, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_store_ps(lanes, sum);
+    float l = 0.f;
+    for (float v : lanes) l += v;
+    rec[g] = m;
+    rec[groups + g] = l;
+  }
+  // outputs: 64 values of a head (8 accumulators) per pass over V
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* sg = sbuf.data() + g * ss;
+    float* out = rec + 2 * groups + g * d;
+    for (int64_t c0 = 0; c0 < nc; c0 += 4) {
+      const int64_t cn = std::min<int64_t>(4, nc - c0);
+      __m256 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t l = 0; l < n; ++l) {
+        const __m256 p = _mm256_broadcast_ss(sg + l);
+        const T* vr = v_cache + (slot[l] * hkv + hk) * d + 16 * c0;
+        for (int64_t c = 0; c < cn; ++c) {
+          __m256 v0, v1;
+          chunk16(vr + 16 * c, v0, v1);
+          acc[2 * c] = _mm256_fmadd_ps(p, v0, acc[2 * c]);
+          acc[2 * c + 1] = _mm256_fmadd_ps(p, v1, acc[2 * c + 1]);
+        }
+      }
+      alignas(32) float tmp[64];
+      for (int64_t i = 0; i < 2 * cn; ++i) _mm256_store_ps(tmp + 8 * i, acc[i]);
+      for (int64_t i = 0; i < 16 * cn; ++i) out[16 * c0 + i] = tmp[layout16<T>(i)];
+    }
+  }
+}
 #endif
 
 // Query token t attends to positions 0..lens[t]-1 of slot row t: out[t, h] for every head h.
@@ -456,8 +582,10 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
   const int64_t q_stride = q.stride(0);
   const float sc = static_cast<float>(scale);
 #ifdef KILN_ATTN_X86
-  const bool vec = attn_avx512() && d % 16 == 0 && d <= 16 * kMaxNV;
-  const bool bf16_dot = vec && d % 32 == 0 && attn_bf16_dot();
+  const int64_t isa = kiln::active_isa();
+  const bool vec = attn_avx512(isa) && d % 16 == 0 && d <= 16 * kMaxNV;
+  const bool bf16_dot = vec && d % 32 == 0 && attn_bf16_dot(isa);
+  const bool avx2 = !vec && isa >= kiln::ISA_AVX2 && d % 16 == 0 && d <= 256;
 #endif
   // the buffers below are the calling thread's: the tasks, on other threads too, use them through
   // pointers. task_end[t]: tasks of tokens 0..t; first_rec[t]: where token t's split records start.
@@ -510,6 +638,8 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
 #ifdef KILN_ATTN_X86
       if (vec) {
         split_vector<T>(qh, sc, kp, vp, slot, n, hk, hkv, d, groups, bf16_dot, rec);
+      } else if (avx2) {
+        split_avx2<T>(qh, sc, kp, vp, slot, n, hk, hkv, d, groups, rec);
       } else
 #endif
       {

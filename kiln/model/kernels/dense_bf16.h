@@ -1,4 +1,4 @@
-// bfloat16 linear layers on AVX512-BF16 (see dense_bf16.cpp).
+// bfloat16 linear layers: AVX512-BF16, AVX2 (widened in registers) or scalar (see dense_bf16.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -7,12 +7,12 @@ namespace kiln {
 
 // y [M, n] = x [M, k] @ W^T (+ bias) in bfloat16; accumulates in float32. tiles [ceil(n/16),
 // ceil(k/2), 32]: tiles[t, p, 2r + e] = W[16t + r, 2p + e], zero beyond n and k.
-// isa 0 forces the scalar path (same bits), -1 picks the fastest. out_float: float32 output, the sums
+// isa: -1 the active level (isa.h), else a level the CPU runs; every path gives the same bits. out_float: float32 output, the sums
 // unrounded (the LM head: logits rounded to bfloat16 tie tokens that are not tied).
 torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& tiles, int64_t n, int64_t k,
                           const c10::optional<torch::Tensor>& bias, int64_t isa, bool out_float);
 
-// Whether this CPU runs linear_bf16's AVX512-BF16 path (else a scalar path of identical bits).
+// Whether this CPU has AVX512-BF16 (linear_bf16's fastest path).
 bool bf16_dot_supported();
 
 }  // namespace kiln

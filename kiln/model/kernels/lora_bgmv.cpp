@@ -16,12 +16,14 @@
 
 #include "lora_bgmv.h"
 
+#include "isa.h"
 #include "qlinear.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -32,20 +34,6 @@
 namespace {
 
 enum LoraIsa { LORA_SCALAR = 0, LORA_AVX2 = 1, LORA_AVX512 = 2 };
-
-int lora_isa() {
-  static const int isa = [] {
-#ifdef KILN_LORA_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("fma"))
-      return static_cast<int>(LORA_AVX512);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return static_cast<int>(LORA_AVX2);
-#endif
-    return static_cast<int>(LORA_SCALAR);
-  }();
-  return isa;
-}
 
 // xa[r] = dot(x, a[r]) for r < R; d[0:N] = sum_r xa[r] * b[r]   (d is overwritten)
 void row_scalar(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N, float* xa,
@@ -61,6 +49,9 @@ void row_scalar(const float* x, const float* a, const float* b, int64_t R, int64
     for (int64_t n = 0; n < N; ++n) d[n] += xa[r] * br[n];
   }
 }
+
+inline float kiln_lora_widen(float v) { return v; }
+inline float kiln_lora_widen(uint16_t v) { return kiln::bf16_bits_to_float(v); }
 
 #ifdef KILN_LORA_X86
 #define KILN_LORA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
@@ -209,52 +200,129 @@ KILN_LORA_AVX512 void add_to_bf16_avx512(uint16_t* out, const float* d, int64_t 
   for (; i < n; ++i) o[i] = static_cast<c10::BFloat16>(static_cast<float>(o[i]) + d[i]);
 }
 
-KILN_LORA_AVX2 void row_avx2(const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N,
-                             float* xa, float* d) {
+// ---- AVX2 (+FMA): rows_avx512's plan with 8-lane vectors (its own bits, invariant alike) ----
+
+KILN_LORA_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+KILN_LORA_AVX2 inline __m256 load8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+KILN_LORA_AVX2 inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// xa[i * R + j] = dot(x_i, a[j]) for ROWS rows and RB ranks: two chains over alternate 8-column
+// blocks, added, then the K % 8 tail in order
+template <typename W, int ROWS, int RB>
+KILN_LORA_AVX2 inline void xa_block_avx2(const float* const* xs, const W* a, int64_t K, float* xa, int64_t R) {
   const int64_t k8 = K & ~int64_t(7);
-  for (int64_t r = 0; r < R; ++r) {
-    const float* ar = a + r * K;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t k = 0; k < k8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(ar + k), acc);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc);
-    float s = 0.f;
-    for (float v : lanes) s += v;
-    for (int64_t k = k8; k < K; ++k) s += x[k] * ar[k];
-    xa[r] = s;
+  __m256 acc0[ROWS][RB], acc1[ROWS][RB];
+  for (int i = 0; i < ROWS; ++i)
+    for (int j = 0; j < RB; ++j) acc0[i][j] = acc1[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= k8; k += 16) {
+    __m256 a0[RB], a1[RB];
+    for (int j = 0; j < RB; ++j) {
+      a0[j] = load8(a + j * K + k);
+      a1[j] = load8(a + j * K + k + 8);
+    }
+    for (int i = 0; i < ROWS; ++i) {
+      const __m256 x0 = _mm256_loadu_ps(xs[i] + k), x1 = _mm256_loadu_ps(xs[i] + k + 8);
+      for (int j = 0; j < RB; ++j) {
+        acc0[i][j] = _mm256_fmadd_ps(x0, a0[j], acc0[i][j]);
+        acc1[i][j] = _mm256_fmadd_ps(x1, a1[j], acc1[i][j]);
+      }
+    }
+  }
+  for (; k < k8; k += 8)
+    for (int j = 0; j < RB; ++j) {
+      const __m256 aj = load8(a + j * K + k);
+      for (int i = 0; i < ROWS; ++i) acc0[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[i] + k), aj, acc0[i][j]);
+    }
+  for (int i = 0; i < ROWS; ++i)
+    for (int j = 0; j < RB; ++j) {
+      float s = hsum8(_mm256_add_ps(acc0[i][j], acc1[i][j]));
+      for (int64_t t = k8; t < K; ++t) s += xs[i][t] * kiln_lora_widen(a[j * K + t]);
+      xa[i * R + j] = s;
+    }
+}
+
+// rows_avx512 on AVX2: ROWS rows of one adapter, xa [ROWS, R], d [ROWS, N] overwritten.
+template <typename W, int ROWS>
+KILN_LORA_AVX2 void rows_avx2(const float* const* xs, const W* a, const W* b, int64_t R, int64_t K, int64_t N,
+                              float* xa, float* d) {
+  constexpr bool stream = ROWS == 1;
+  constexpr int64_t E = sizeof(W);
+  const char* abytes = reinterpret_cast<const char*>(a);
+  const int64_t abytes_n = R * K * E;
+  auto prefetch_a = [&](int64_t from, int64_t to) {
+    for (int64_t off = from; off < std::min<int64_t>(abytes_n, to); off += 64) _mm_prefetch(abytes + off, _MM_HINT_T0);
+  };
+  if (stream) prefetch_a(0, kPrefetchBytes);
+  int64_t r = 0;
+  for (; r + 2 <= R; r += 2) {
+    if (stream) prefetch_a(r * K * E + kPrefetchBytes, (r + 2) * K * E + kPrefetchBytes);
+    xa_block_avx2<W, ROWS, 2>(xs, a + r * K, K, xa + r, R);
+  }
+  for (; r < R; ++r) {
+    if (stream) prefetch_a(r * K * E + kPrefetchBytes, (r + 1) * K * E + kPrefetchBytes);
+    xa_block_avx2<W, ROWS, 1>(xs, a + r * K, K, xa + r, R);
   }
   int64_t n = 0;
   for (; n + 32 <= N; n += 32) {
-    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps(), d2 = _mm256_setzero_ps(), d3 = _mm256_setzero_ps();
-    for (int64_t r = 0; r < R; ++r) {
-      const __m256 s = _mm256_set1_ps(xa[r]);
-      const float* br = b + r * N + n;
-      d0 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br), d0);
-      d1 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br + 8), d1);
-      d2 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br + 16), d2);
-      d3 = _mm256_fmadd_ps(s, _mm256_loadu_ps(br + 24), d3);
+    __m256 acc[ROWS][4];
+    for (int i = 0; i < ROWS; ++i)
+      for (int c = 0; c < 4; ++c) acc[i][c] = _mm256_setzero_ps();
+    for (int64_t q = 0; q < R; ++q) {
+      const W* br = b + q * N + n;
+      if (stream) _mm_prefetch(reinterpret_cast<const char*>(br + kPrefetchAheadB), _MM_HINT_T0);
+      const __m256 b0 = load8(br), b1 = load8(br + 8), b2 = load8(br + 16), b3 = load8(br + 24);
+      for (int i = 0; i < ROWS; ++i) {
+        const __m256 s = _mm256_set1_ps(xa[i * R + q]);
+        acc[i][0] = _mm256_fmadd_ps(s, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(s, b1, acc[i][1]);
+        acc[i][2] = _mm256_fmadd_ps(s, b2, acc[i][2]);
+        acc[i][3] = _mm256_fmadd_ps(s, b3, acc[i][3]);
+      }
     }
-    _mm256_storeu_ps(d + n, d0);
-    _mm256_storeu_ps(d + n + 8, d1);
-    _mm256_storeu_ps(d + n + 16, d2);
-    _mm256_storeu_ps(d + n + 24, d3);
+    for (int i = 0; i < ROWS; ++i)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(d + i * N + n + 8 * c, acc[i][c]);
   }
-  for (; n < N; ++n) {
-    float s = 0.f;
-    for (int64_t r = 0; r < R; ++r) s += xa[r] * b[r * N + n];
-    d[n] = s;
+  for (; n < N; ++n)
+    for (int i = 0; i < ROWS; ++i) {
+      float s = 0.f;
+      for (int64_t q = 0; q < R; ++q) s = std::fma(xa[i * R + q], kiln_lora_widen(b[q * N + n]), s);
+      d[i * N + n] = s;
+    }
+}
+
+KILN_LORA_AVX2 void bf16_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
+  for (; i < n; ++i) dst[i] = kiln::bf16_bits_to_float(src[i]);
+}
+
+KILN_LORA_AVX2 void add_to_bf16_avx2(uint16_t* out, const float* d, int64_t n) {
+  int64_t i = 0;
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7FFF), qnan = _mm256_set1_epi32(0x7FC0);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_add_ps(load8(out + i), _mm256_loadu_ps(d + i));
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan),
+                                             _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    // 8 lanes of 16 bits: pack within each 128-bit half, then put the halves' low quads together
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
   }
+  auto* o = reinterpret_cast<c10::BFloat16*>(out);
+  for (; i < n; ++i) o[i] = static_cast<c10::BFloat16>(static_cast<float>(o[i]) + d[i]);
 }
 #endif  // KILN_LORA_X86
-
-void lora_row(int isa, const float* x, const float* a, const float* b, int64_t R, int64_t K, int64_t N, float* xa,
-              float* d) {
-#ifdef KILN_LORA_X86
-  if (isa == LORA_AVX512) return rows_avx512<float, 1>(&x, a, b, R, K, N, xa, d);
-  if (isa == LORA_AVX2) return row_avx2(x, a, b, R, K, N, xa, d);
-#endif
-  row_scalar(x, a, b, R, K, N, xa, d);
-}
 
 }  // namespace
 
@@ -281,8 +349,7 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
                         (x_type == torch::kFloat32 || x_type == torch::kBFloat16),
                     "kiln lora_bgmv: float32 or bfloat16 activations");
   TORCH_CHECK_VALUE(out.stride(1) == 1 && x.stride(1) == 1, "kiln lora_bgmv: rows must be contiguous");
-  const int best = lora_isa();
-  const int use = isa < 0 ? best : std::min(static_cast<int>(isa), best);
+  const int use = static_cast<int>(kiln::resolve_isa(isa, "kiln lora_bgmv"));
 
   const int64_t* slot = slots.data_ptr<int64_t>();
   std::vector<int64_t> order(rows);
@@ -312,13 +379,13 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
     xrows.resize(static_cast<size_t>(4 * K));
     xa.resize(static_cast<size_t>(4 * R));
     d.resize(static_cast<size_t>(4 * N));
-    // the task's adapter (tasks hold rows of one slot > 0): AVX-512 reads bfloat16 factors as they
-    // are; the other paths take them widened to float32 once per call (exact), so every path
-    // computes the same values
+    // the task's adapter (tasks hold rows of one slot > 0): the vector paths read bfloat16 factors
+    // as they are (widened in registers); the scalar one takes them widened to float32 once per call
+    // (exact), so each path computes the same values for either dtype
     const int64_t gs = slot[order[starts[g]]];
     const float* ga = nullptr;
     const float* gb = nullptr;
-    const bool direct_bf16 = bf16_factors && use == LORA_AVX512;
+    const bool direct_bf16 = bf16_factors && use >= LORA_AVX2;
     if (!bf16_factors) {
       ga = af + gs * R * K;
       gb = bf + gs * R * N;
@@ -340,6 +407,10 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
         bf16_to_f32_avx512(reinterpret_cast<const uint16_t*>(xb), dst, K);
         return dst;
       }
+      if (use == LORA_AVX2) {
+        bf16_to_f32_avx2(reinterpret_cast<const uint16_t*>(xb), dst, K);
+        return dst;
+      }
 #endif
       for (int64_t k = 0; k < K; ++k) dst[k] = static_cast<float>(xb[k]);
       return dst;
@@ -357,20 +428,32 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
         add_to_bf16_avx512(reinterpret_cast<uint16_t*>(o), delta, N);
         return;
       }
+      if (use == LORA_AVX2) {
+        add_to_bf16_avx2(reinterpret_cast<uint16_t*>(o), delta, N);
+        return;
+      }
 #endif
       for (int64_t n = 0; n < N; ++n) o[n] = static_cast<c10::BFloat16>(static_cast<float>(o[n]) + delta[n]);
     };
     int64_t j = starts[g];
 #ifdef KILN_LORA_X86
-    if (use == LORA_AVX512) {
+    const uint16_t* gah = bf16_factors ? ah + gs * R * K : nullptr;
+    const uint16_t* gbh = bf16_factors ? bh + gs * R * N : nullptr;
+    // ROWS rows of the task's adapter on the vector path of `use`
+    auto vector_rows = [&](auto rows_tag, const float* const* xs) {
+      constexpr int ROWS = decltype(rows_tag)::value;
+      if (use == LORA_AVX512) {
+        if (direct_bf16) return rows_avx512<uint16_t, ROWS>(xs, gah, gbh, R, K, N, xa.data(), d.data());
+        return rows_avx512<float, ROWS>(xs, ga, gb, R, K, N, xa.data(), d.data());
+      }
+      if (direct_bf16) return rows_avx2<uint16_t, ROWS>(xs, gah, gbh, R, K, N, xa.data(), d.data());
+      rows_avx2<float, ROWS>(xs, ga, gb, R, K, N, xa.data(), d.data());
+    };
+    if (use >= LORA_AVX2) {
       for (; j + 4 <= starts[g + 1]; j += 4) {
         const float* xs[4];
         for (int q = 0; q < 4; ++q) xs[q] = x_row(order[j + q], q);
-        if (direct_bf16) {
-          rows_avx512<uint16_t, 4>(xs, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
-        } else {
-          rows_avx512<float, 4>(xs, ga, gb, R, K, N, xa.data(), d.data());
-        }
+        vector_rows(std::integral_constant<int, 4>{}, xs);
         for (int q = 0; q < 4; ++q) add_out(order[j + q], d.data() + q * N);
       }
     }
@@ -379,12 +462,12 @@ void lora_bgmv_add(torch::Tensor out, const torch::Tensor& x, const torch::Tenso
       const int64_t i = order[j];
       const float* xr = x_row(i, 0);
 #ifdef KILN_LORA_X86
-      if (direct_bf16) {
-        rows_avx512<uint16_t, 1>(&xr, ah + gs * R * K, bh + gs * R * N, R, K, N, xa.data(), d.data());
+      if (use >= LORA_AVX2) {
+        vector_rows(std::integral_constant<int, 1>{}, &xr);
       } else
 #endif
       {
-        lora_row(use, xr, ga, gb, R, K, N, xa.data(), d.data());
+        row_scalar(xr, ga, gb, R, K, N, xa.data(), d.data());
       }
       add_out(i, d.data());
     }

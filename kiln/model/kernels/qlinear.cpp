@@ -23,6 +23,7 @@
 #include "decode_ops.h"
 #include "dense_bf16.h"
 #include "decode_stack.h"
+#include "isa.h"
 #include "qlinear.h"
 #include "lora_bgmv.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
@@ -54,7 +55,9 @@ constexpr int64_t kPrefetchBytes = 4096;  // how far ahead of the group in use i
 constexpr float kTinyAmax = 1e-30f;  // below this a group quantizes to zero (127/amax would overflow)
 
 enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
-enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512_VNNI = 2 };
+using kiln::ISA_AVX2;
+using kiln::ISA_SCALAR;
+constexpr int64_t ISA_AVX512_VNNI = kiln::ISA_AVX512;  // this file's AVX512 code needs VNNI too
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
@@ -319,6 +322,57 @@ KILN_AVX2 inline __m256i dot4_avx2(__m256i acc, __m256i w, __m256i x) {
   }
 }
 
+// quantize_rows_scalar on AVX2: the same amax, scale, round-half-even (MXCSR's default) and sums.
+KILN_AVX2 void quantize_rows_avx2(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xd,
+                                  float* xs) {
+  const int64_t Kp = G * kGroup;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t base = m * K + g * kGroup;
+      const int64_t valid = std::min<int64_t>(kGroup, K - g * kGroup);
+      float buf[kGroup];
+      __m256 v[4];
+      if (valid < kGroup) {   // a partial last group: zeros past K, as the scalar code reads it
+        for (int i = 0; i < kGroup; ++i)
+          buf[i] = i >= valid ? 0.0f
+                   : bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(x)[base + i])
+                          : static_cast<const float*>(x)[base + i];
+        for (int c = 0; c < 4; ++c) v[c] = _mm256_loadu_ps(buf + 8 * c);
+      } else if (bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(x) + base;
+        for (int c = 0; c < 4; ++c) {
+          const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * c)));
+          v[c] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        }
+      } else {
+        const float* src = static_cast<const float*>(x) + base;
+        for (int c = 0; c < 4; ++c) v[c] = _mm256_loadu_ps(src + 8 * c);
+      }
+      __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+      if (!(amax >= kTinyAmax)) amax = 0.0f;
+      const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      __m256i q[4];
+      for (int c = 0; c < 4; ++c) q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(v[c], id));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * Kp + g * kGroup),
+                          _mm256_permutevar8x32_epi32(packed, order));
+      const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+      const float d = amax / 127.0f;
+      xd[m * G + g] = d;
+      xs[m * G + g] = d * static_cast<float>(sum);
+    }
+  }
+}
+
 KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -353,12 +407,27 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
     for (int j = 0; j < MB; ++j) {
       const int64_t m = m0 + j;
       const int8_t* xg = p.xq + m * p.Kp + g * kGroup;
-      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-      for (int c = 0; c < 8; c += 2) {
-        s0 = dot4_avx2<KIND>(s0, w[c], bcast4_avx2(xg + c * 4));
-        s1 = dot4_avx2<KIND>(s1, w[c + 1], bcast4_avx2(xg + c * 4 + 4));
+      __m256i sum32;
+      if constexpr (KIND == Q4_1) {
+        // a pair of nibble * int8 products is at most 2 * 15 * 127 = 3810 in magnitude (activations
+        // are quantized to +-127), so the group's 8 pair sums per int16 lane (30480) cannot
+        // overflow: add them as int16, widen once. The same integers as summing in int32.
+        __m256i p0 = _mm256_maddubs_epi16(w[0], bcast4_avx2(xg));
+        __m256i p1 = _mm256_maddubs_epi16(w[1], bcast4_avx2(xg + 4));
+        for (int c = 2; c < 8; c += 2) {
+          p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[c], bcast4_avx2(xg + c * 4)));
+          p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[c + 1], bcast4_avx2(xg + c * 4 + 4)));
+        }
+        sum32 = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+      } else {
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c += 2) {
+          s0 = dot4_avx2<KIND>(s0, w[c], bcast4_avx2(xg + c * 4));
+          s1 = dot4_avx2<KIND>(s1, w[c + 1], bcast4_avx2(xg + c * 4 + 4));
+        }
+        sum32 = _mm256_add_epi32(s0, s1);
       }
-      const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+      const __m256 isum = _mm256_cvtepi32_ps(sum32);
       const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[j]);
       acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
     }
@@ -526,27 +595,10 @@ void parallel_chunks(int64_t n, void (*fn)(const void*, int64_t), const void* ct
 
 namespace {
 
-int64_t detect_isa() {
-#ifdef KILN_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma"))
-    return ISA_AVX512_VNNI;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
-#endif
-  return ISA_SCALAR;
-}
-
-int64_t best_isa() {
-  static const int64_t isa = detect_isa();
-  return isa;
-}
-
+// The qlinear path for a level: AVX512 needs VNNI here (else the AVX2 code runs).
 int64_t resolve_isa(int64_t isa) {
-  const int64_t best = best_isa();
-  if (isa < 0) return best;
-  TORCH_CHECK(isa <= best, "kiln qlinear: ISA level ", isa, " is not supported by this CPU (best: ", best, ")");
+  isa = kiln::resolve_isa(isa, "kiln qlinear");
+  if (isa == ISA_AVX512_VNNI && !kiln::cpu_has_avx512_vnni()) return ISA_AVX2;
   return isa;
 }
 
@@ -561,6 +613,7 @@ void quantize_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, 
                    float* xd, float* xs) {
 #ifdef KILN_X86
   if (isa == ISA_AVX512_VNNI) return quantize_rows_avx512(x, bf16, M, K, G, xq, xd, xs);
+  if (isa == ISA_AVX2) return quantize_rows_avx2(x, bf16, M, K, G, xq, xd, xs);
 #endif
   quantize_rows_scalar(x, bf16, M, K, G, xq, xd, xs);
 }
@@ -704,7 +757,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("isa") = -1, py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
-  m.def("best_isa", &best_isa, "0 scalar, 1 avx2, 2 avx512-vnni");
+  m.def("best_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");
+  m.def("cpu_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");
+  m.def("active_isa", &kiln::active_isa, "the ISA level the kernels use when a call names none");
+  m.def("set_isa", &kiln::set_isa, "select the ISA level every kernel uses (at most cpu_isa())", py::arg("isa"));
+  m.def("cpu_has_avx512_vnni", &kiln::cpu_has_avx512_vnni, "AVX512-VNNI (int8 dot products) on top of AVX512");
+  m.def("cpu_has_avx512_bf16", &kiln::cpu_has_avx512_bf16, "AVX512-BF16 (bfloat16 dot products) on top of AVX512");
   m.def("lora_bgmv_add", &kiln::lora_bgmv_add, "out[i] += (x[i] @ A[s]^T) @ B[s], s = slots[i] (decode LoRA)",
         py::arg("out"), py::arg("x"), py::arg("a"), py::arg("b"), py::arg("slots"), py::arg("isa") = -1,
         py::call_guard<py::gil_scoped_release>());
