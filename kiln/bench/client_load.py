@@ -225,3 +225,13 @@ async def discover_model(endpoint: Endpoint) -> str | None:
         except (httpx.HTTPError, ValueError):
             return None
     return data[0].get("id") if data else None
+
+
+async def health_field(endpoint: Endpoint, name: str) -> str | None:
+    """One field of the server's /health answer (Kiln's `cpu_isa`), None when it has none."""
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        try:
+            value = (await client.get(endpoint.base_url + "/health")).json().get(name)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+    return None if value is None else str(value)

@@ -43,6 +43,8 @@ class BenchEngine:
     """Subclasses implement `single` and `load`; `start`, `close` and `itl` are optional."""
 
     name: str
+    # Kiln-only measurements (adapters, training) run on the primary Kiln server of each ISA
+    primary = False
 
     def start(self) -> None:
         """Load weights / start processes. Called once before the first measurement."""
@@ -101,15 +103,24 @@ def _pythonpath_with_kiln() -> str:
     return root + (os.pathsep + rest if rest else "")
 
 
+# What an AVX2-only CPU runs, forced on a CPU that has more: Kiln's kernels, and torch's own (ATen,
+# oneDNN, MKL) for the ops that are not Kiln's (training's autograd, prefill attention).
+AVX2_ENV = {"KILN_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
 class KilnServerEngine(HttpEngine):
-    """`python -m kiln.cli serve` in a child process, exactly as a user runs it."""
+    """`python -m kiln.cli serve` in a child process, exactly as a user runs it. `isa` "avx2" forces
+    the AVX2 code paths on a CPU that has AVX-512 (None: the CPU's best, as `make serve` runs)."""
 
     def __init__(self, model_path: str, threads: int, kv_cache_mb: int | None = None,
-                 url: str | None = None, quantization: str = "none") -> None:
-        super().__init__(Endpoint(KILN, url or "", extra_body={"ignore_eos": True}))
+                 url: str | None = None, quantization: str = "none", name: str = KILN,
+                 isa: str | None = None, primary: bool = True) -> None:
+        super().__init__(Endpoint(name, url or "", extra_body={"ignore_eos": True}))
         self.model_path, self.threads, self.kv_cache_mb = model_path, threads, kv_cache_mb
-        self.quantization = quantization
+        self.quantization, self.isa, self.primary = quantization, isa, primary
         self.server: ServerProcess | None = None
+        self.cpu_isa: str | None = None     # what the server reports in /health
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def start(self) -> None:
@@ -120,12 +131,17 @@ class KilnServerEngine(HttpEngine):
             env = {"KILN_ENGINE_NUM_THREADS": str(self.threads), "PYTHONPATH": _pythonpath_with_kiln()}
             if self.kv_cache_mb:
                 env["KILN_ENGINE_KV_CACHE_MEMORY_MB"] = str(self.kv_cache_mb)
+            if self.isa == "avx2":
+                env.update(AVX2_ENV)
+            elif self.isa:
+                env["KILN_CPU_ISA"] = self.isa
             args = [sys.executable, "-m", "kiln.cli", "serve", "--model", self.model_path, "--port", str(port),
                     "--data-dir", str(tmp / "data"), "--log-level", "warning", "--quantization", self.quantization]
-            self.server = ServerProcess("kiln", args, port, tmp / "kiln-serve.log", "/health", env=env,
+            self.server = ServerProcess(self.name, args, port, tmp / "kiln-serve.log", "/health", env=env,
                                         cwd=tmp).start()
             self.endpoint.base_url = self.server.url
         self.endpoint.model = asyncio.run(client_load.discover_model(self.endpoint))
+        self.cpu_isa = asyncio.run(client_load.health_field(self.endpoint, "cpu_isa"))
 
     def close(self) -> None:
         self._stop_server()

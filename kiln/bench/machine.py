@@ -23,7 +23,7 @@ class MachineInfo:
     torch: str
     torch_threads: int
     transformers: str
-    llama_cpp_python: str
+    cpu_isas: str                # what Kiln's kernels can run here (the bench forces lower ones for the AVX2 pair)
     kiln: str
     load_average: str            # 1/5/15-minute load when the run started: other work skews every figure
     date: str
@@ -33,8 +33,8 @@ class MachineInfo:
         labels = {
             "cpu_model": "CPU", "logical_cores": "logical cores", "physical_cores": "physical cores",
             "ram_gib": "RAM (GiB)", "os": "OS", "python": "Python", "torch": "torch",
-            "torch_threads": "threads (torch, llama.cpp, kiln serve)", "transformers": "transformers",
-            "llama_cpp_python": "llama-cpp-python", "kiln": "kiln",
+            "torch_threads": "threads (kiln serve, llama-server)", "transformers": "transformers",
+            "cpu_isas": "ISAs this CPU runs (Kiln's kernels)", "kiln": "kiln",
             "load_average": "load average at start (1/5/15 min)", "date": "date (UTC)", "git_commit": "git commit",
         }
         return [(labels[k], "—" if v is None else str(v)) for k, v in asdict(self).items()]
@@ -115,6 +115,15 @@ def load_average() -> str:
         return "unknown"
 
 
+def cpu_isas_text() -> str:
+    """e.g. "scalar, avx2, avx512 (+avx512_vnni, +avx512_bf16)"."""
+    from kiln.model import kernels
+
+    report = kernels.isa_report()
+    extras = [f"+{f}" for f in ("avx512_vnni", "avx512_bf16") if report[f]]
+    return ", ".join(kernels.cpu_isas()) + (f" ({', '.join(extras)})" if extras else "")
+
+
 def collect_machine_info(threads: int) -> MachineInfo:
     import torch
 
@@ -124,6 +133,6 @@ def collect_machine_info(threads: int) -> MachineInfo:
         cpu_model=cpu_model(), logical_cores=os.cpu_count() or 1, physical_cores=physical_cores(),
         ram_gib=ram_gib(), os=platform.platform(), python=sys.version.split()[0], torch=torch.__version__,
         torch_threads=threads, transformers=package_version("transformers"),
-        llama_cpp_python=package_version("llama_cpp_python"), kiln=kiln.__version__, load_average=load_average(),
+        cpu_isas=cpu_isas_text(), kiln=kiln.__version__, load_average=load_average(),
         date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), git_commit=git_commit(),
     )

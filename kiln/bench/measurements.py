@@ -44,7 +44,10 @@ class Measurement:
     engines: frozenset[str] | None = None    # None: every engine
 
     def applies_to(self, engine: BenchEngine) -> bool:
-        return self.engines is None or engine.name in self.engines
+        """`engines` names engines; KILN in it means the primary Kiln server of each ISA."""
+        if self.engines is None or engine.name in self.engines:
+            return True
+        return KILN in self.engines and engine.primary
 
 
 # -- single stream ---------------------------------------------------------------------------------
@@ -94,7 +97,13 @@ def latency_spec(n: int, q: int) -> MetricSpec:
                       "s", False, 2)
 
 
+def _serving(engine: BenchEngine) -> None:
+    if getattr(engine, "single_only", False):
+        raise Unsupported("it has no server: single stream only")
+
+
 def measure_concurrent(ctx: BenchContext, engine: BenchEngine) -> None:
+    _serving(engine)
     opts = ctx.options
     for n in opts.concurrency_levels:
         prompts = [ctx.prompt(opts.concurrent_prompt_tokens, 20_000 + n * 1000 + i)
@@ -110,10 +119,12 @@ def measure_concurrent(ctx: BenchContext, engine: BenchEngine) -> None:
 ITL_P50 = MetricSpec("itl.p50_ms", "long prompt arrival", "ITL p50 of the decoding streams", "ms", False)
 ITL_P99 = MetricSpec("itl.p99_ms", "long prompt arrival", "ITL p99 of the decoding streams", "ms", False)
 ITL_SPREAD = MetricSpec("itl.p99_over_p50", "long prompt arrival", "ITL p99 / p50", "x", False, 2)
+ITL_MAX = MetricSpec("itl.max_gap_ms", "long prompt arrival", "longest gap of any decoding stream", "ms", False, 0)
 ITL_LONG_TTFT = MetricSpec("itl.long_ttft_ms", "long prompt arrival", "TTFT of the long prompt", "ms", False, 0)
 
 
 def measure_itl(ctx: BenchContext, engine: BenchEngine) -> None:
+    _serving(engine)
     opts = ctx.options
     streams = [ctx.prompt(opts.concurrent_prompt_tokens, 30_000 + i) for i in range(opts.itl_streams)]
     long_prompt = ctx.prompt(opts.itl_long_prompt_tokens, 39_999)
@@ -121,11 +132,13 @@ def measure_itl(ctx: BenchContext, engine: BenchEngine) -> None:
     if run is None:
         return
     p50, p99 = run.gap_percentile(50), run.gap_percentile(99)
+    worst = max(run.gaps_s) if run.gaps_s else None
     # a server that runs requests one at a time never had the long prompt arrive among decoding
     # streams: its figures are shown, but they measure another case, so no ratio is taken to them
     overlapped = run.triggered_after_tokens >= opts.itl_trigger_tokens
     for spec, value in ((ITL_P50, None if p50 is None else p50 * 1000), (ITL_P99, None if p99 is None else p99 * 1000),
                         (ITL_SPREAD, p99 / p50 if p50 and p99 is not None else None),
+                        (ITL_MAX, None if worst is None else worst * 1000),
                         (ITL_LONG_TTFT, None if run.long_ttft_s is None else run.long_ttft_s * 1000)):
         ctx.result.record(spec, engine.name, value, comparable=overlapped)
     ctx.result.options["long prompt (actual)"] = f"{run.long_prompt_tokens} tokens"
@@ -166,9 +179,9 @@ def measure_adapters(ctx: BenchContext, engine: BenchEngine) -> None:
             if tps:
                 runs.append(tps)
     b, m = median(base_tps), median(mixed_tps)
-    ctx.result.record(ADAPTER_BASE, KILN, b)
-    ctx.result.record(ADAPTER_MIXED, KILN, m)
-    ctx.result.record(ADAPTER_RATIO, KILN, m / b if b and m else None)
+    ctx.result.record(ADAPTER_BASE, engine.name, b)
+    ctx.result.record(ADAPTER_MIXED, engine.name, m)
+    ctx.result.record(ADAPTER_RATIO, engine.name, m / b if b and m else None)
     ctx.result.options["multi-adapter streams"] = (f"{opts.adapter_streams} streams; adapters "
                                                    f"{', '.join(names)} (round robin)")
 
@@ -192,18 +205,18 @@ def measure_training(ctx: BenchContext, engine: BenchEngine) -> None:
     opts, server = ctx.options, _kiln_server(engine)
     endpoint: Endpoint = server.endpoint
     run = training_load.learning_loop(endpoint, opts.learning_loop_timeout_s)
-    ctx.result.record(LEARNING_LOOP, KILN, run.post_to_answer_s)
-    ctx.result.record(TRAINING_TPS, KILN, run.tokens_per_sec)
+    ctx.result.record(LEARNING_LOOP, engine.name, run.post_to_answer_s)
+    ctx.result.record(TRAINING_TPS, engine.name, run.tokens_per_sec)
     if run.post_to_answer_s is None:
-        ctx.result.note(f"{KILN}: after training ({run.post_to_completed_s:.1f} s, {run.steps} steps) the answer "
+        ctx.result.note(f"{engine.name}: after training ({run.post_to_completed_s:.1f} s, {run.steps} steps) the answer "
                         f"did not contain the taught fact: {run.answer!r}")
     prompts = [ctx.prompt(opts.concurrent_prompt_tokens, 60_000 + i) for i in range(opts.training_streams)]
     itl = training_load.itl_while_training(endpoint, prompts, opts.itl_max_tokens)
-    ctx.result.record(TRAINING_ITL_IDLE, KILN, _ms(itl.idle_p99_s))
-    ctx.result.record(TRAINING_ITL_BUSY, KILN, _ms(itl.training_p99_s))
-    ctx.result.record(TRAINING_ITL_RATIO, KILN, itl.ratio)
+    ctx.result.record(TRAINING_ITL_IDLE, engine.name, _ms(itl.idle_p99_s))
+    ctx.result.record(TRAINING_ITL_BUSY, engine.name, _ms(itl.training_p99_s))
+    ctx.result.record(TRAINING_ITL_RATIO, engine.name, itl.ratio)
     if not itl.training_overlapped:
-        ctx.result.note(f"{KILN}: the background training job ended before the streams did")
+        ctx.result.note(f"{engine.name}: the background training job ended before the streams did")
 
 
 KILN_ONLY = frozenset({KILN})

@@ -24,11 +24,20 @@ class BenchOptions:
     out: Path = Path("benchmarks/RESULTS.md")
     threads: int = field(default_factory=default_threads)
     kiln_url: str | None = None          # measure this running server instead of starting one
-    quantization: str = "auto"           # kiln serve --quantization; auto: a GGUF's own blocks, else none
+    # kiln serve --quantization; auto: the default weights (what `kiln serve` serves) and, for a GGUF,
+    # its own blocks too (`gguf`, what llama-server runs): both measured against llama-server
+    quantization: str = "auto"
+    # "native": the CPU's best ISA; "avx2": Kiln forced to AVX2 against llama-server built for AVX2.
+    # Empty: native, plus the AVX2 pair when the CPU has AVX-512.
+    isas: tuple[str, ...] = ()
+    llama_server: str | None = None       # llama-server binaries (see kiln/bench/llama_server.py)
+    llama_server_avx2: str | None = None
+    build_llama_server: str | None = None  # a script that builds them (ISA=native|avx2 SCRIPT)
+    transformers: bool = False           # also measure transformers' generate() single-stream
     max_tokens: int = 128                # generated tokens per request (ignore_eos)
     single_prompt_tokens: tuple[int, ...] = (100, 500)
     single_repeats: int = 3              # the median of these is reported
-    concurrency_levels: tuple[int, ...] = (1, 8, 16)
+    concurrency_levels: tuple[int, ...] = (1, 8, 16, 32, 64)
     requests_per_stream: int = 1         # each stream sends this many requests back to back
     concurrent_prompt_tokens: int = 100
     itl_streams: int = 8
@@ -47,22 +56,33 @@ class BenchOptions:
     def preset(cls, model_path: str, *, quick: bool = False, **overrides: object) -> BenchOptions:
         base = cls(model_path=model_path, quick=quick)
         if quick:
-            base = replace(base, max_tokens=32, single_repeats=1, concurrency_levels=(8,),
+            base = replace(base, max_tokens=32, single_repeats=1, concurrency_levels=(8, 32),
                            itl_max_tokens=32, itl_trigger_tokens=8,
                            itl_long_prompt_tokens=1000, adapter_repeats=1)
         return replace(base, **overrides)  # type: ignore[arg-type]
 
     @property
-    def kiln_quantization(self) -> str:
-        """What the Kiln server started by the bench serves: a GGUF with its own quantized blocks, as
-        llama.cpp runs the same file, unless --quantization says otherwise."""
+    def kiln_quantizations(self) -> tuple[str, ...]:
+        """The Kiln servers the bench starts on each ISA, the default weights first (the one the
+        Kiln-only measurements run on)."""
         if self.quantization != "auto":
-            return self.quantization
-        return "gguf" if Path(self.model_path).suffix == ".gguf" else "none"
+            return (self.quantization,)
+        return ("none", "gguf") if Path(self.model_path).suffix == ".gguf" else ("none",)
+
+    @property
+    def kiln_quantization(self) -> str:
+        return self.kiln_quantizations[0]
+
+    def bench_isas(self, cpu_isas: list[str]) -> tuple[str, ...]:
+        """The ISAs to measure: "native" (the CPU's best), and "avx2" when asked or, by default, when the
+        CPU has AVX-512 (so both ISAs get ratios)."""
+        if self.isas:
+            return self.isas
+        return ("native", "avx2") if "avx512" in cpu_isas and not self.kiln_url else ("native",)
 
     def describe(self) -> dict[str, str]:
         quant = ("set by the running server" if self.kiln_url else
-                 f"{self.kiln_quantization} (kiln serve --quantization {self.kiln_quantization})")
+                 ", ".join(f"{q} (kiln serve --quantization {q})" for q in self.kiln_quantizations))
         return {
             "model": self.model_path,
             "Kiln weights": quant,

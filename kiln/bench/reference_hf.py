@@ -1,7 +1,7 @@
 """Reference: Hugging Face `transformers` generate on the same weights (GGUF dequantized to float32).
 
-It has no server, so "N concurrent streams" are N generate calls one after another, all queued at
-the start: a request's latency is the time until its own generation ends.
+It has no server, so "N concurrent streams" would be N generate calls one after another: `kiln bench
+--transformers` measures it single-stream only (`single_only`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def load_hf_model(model_path: str, threads: int) -> Any:
 
 class TransformersEngine(BenchEngine):
     name = TRANSFORMERS
+    single_only = True
 
     def __init__(self, model_path: str, threads: int) -> None:
         self.model_path, self.threads = model_path, threads

@@ -13,24 +13,29 @@ from kiln.bench.stats import format_ratio, format_value
 from kiln.bench.targets import MET, MISSED, evaluate_targets
 from kiln.store.atomic import atomic_write_text
 
-RATIO_NOTE = ("Kiln vs ref: how many times better Kiln is than the reference engine, llama.cpp where it measured "
-              "the row, else transformers; above 1 means Kiln is better, for latencies too.")
+RATIO_NOTE = ("Each \"kiln ... / llama-server ...\" column: how many times better that Kiln engine is than "
+              "llama-server on the same ISA, in the same run; above 1 means Kiln is better, for latencies too. "
+              "`kiln <isa>` serves the default weights (dense bfloat16, what `make serve` runs), `kiln gguf <isa>` "
+              "the GGUF's own Q4/Q8 blocks (`--quantization gguf`, what llama-server runs); `avx2` columns are "
+              "Kiln forced to its AVX2 kernels (KILN_CPU_ISA=avx2) and llama-server built with ISA=avx2.")
 METHOD = [
     "Kiln is measured through its HTTP server (`kiln serve`, streaming chat completions, temperature 0, "
-    "`ignore_eos`); llama.cpp single-stream through its `Llama` class, its concurrent and long-prompt cases "
-    "through `python -m llama_cpp.server`; transformers through `generate()` (greedy, `min_new_tokens` = "
-    "`max_new_tokens`), its N-stream case as N generate calls one after another.",
+    "`ignore_eos`), llama.cpp through its own server (`llama-server -np 64 -c 131072`, continuous batching, the "
+    "same GGUF, the same requests with `ignore_eos`); one server alive at a time, every one with the same threads.",
     "decode tok/s = (tokens - 1) / (last token time - first token time); prefill tok/s = prompt tokens / TTFT; "
     "TTFT is from sending the request to the first output token.",
     "aggregate tok/s = generated tokens of all requests / wall time; latency = request sent to last token.",
     "ITL: inter-token gaps of the decoding streams over the whole run, including the stretch where the long "
-    "prompt is prefilled.",
+    "prompt is prefilled; the max gap is the longest any stream waited.",
     "Multi-adapter: random LoRAs (rank in the options) on every projection are uploaded through `POST /v1/adapters/upload`; the "
     "same prompts run as base-model streams (`adapter: null`) and spread round robin over the adapters, "
     "alternating; the ratio is adapter streams / base streams from the same server.",
     "Live training: the learning loop is the time from `POST /v1/train/sft` (8 examples of a made-up fact, "
     "`auto_load`) to a chat answer containing the fact; training tokens/s is the job's own figure; the ITL ratio "
     "compares the streams' p99 gap while a long SFT job trains (cancelled afterwards) with the same streams alone.",
+    "AVX2 on an AVX-512 CPU: the Kiln server runs with KILN_CPU_ISA=avx2 (its kernels) and ATEN_CPU_CAPABILITY=avx2, "
+    "ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's own ops), llama-server built with ISA=avx2 "
+    "(GGML_NATIVE=OFF, AVX2/FMA/F16C, no AVX-512).",
     "Prompts are deterministic text sized with the model's tokenizer after the chat template; every request has "
     "a different prompt, so no prefix cache helps.",
 ]
@@ -44,12 +49,6 @@ def _cell(row: Row, engine: str, result: BenchResult) -> str:
     return "—"
 
 
-def _ratio_cell(row: Row) -> str:
-    ref = row.reference()
-    ratio = row.kiln_ratio()
-    return "—" if ref is None or ratio is None else f"{format_ratio(ratio)} vs {ref[0]}"
-
-
 def _table_rows(result: BenchResult) -> list[list[str]]:
     engines = result.engines()
     rows, last_section = [], None
@@ -57,8 +56,13 @@ def _table_rows(result: BenchResult) -> list[list[str]]:
         section = row.spec.section if row.spec.section != last_section else ""
         last_section = row.spec.section
         cells = [_cell(row, e, result) for e in engines]
-        rows.append([section, row.spec.label, row.spec.unit, *cells, _ratio_cell(row)])
+        ratios = [format_ratio(row.ratio(c)) if row.ratio(c) is not None else "—" for c in result.comparisons]
+        rows.append([section, row.spec.label, row.spec.unit, *cells, *ratios])
     return rows
+
+
+def _headers(result: BenchResult) -> list[str]:
+    return ["", "metric", "unit", *result.engines(), *[c.label for c in result.comparisons]]
 
 
 def _md(text: str) -> str:
@@ -82,8 +86,7 @@ def render_markdown(result: BenchResult) -> str:
         *[f"| {_md(k)} | {_md(v)} |" for k, v in result.options.items()], "",
         "## Results", "", RATIO_NOTE, "",
     ]
-    engines = result.engines()
-    header = ["", "metric", "unit", *engines, "Kiln vs ref"]
+    header = _headers(result)
     out += ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] * 3 + [" ---: "] * (len(header) - 3)) + "|"]
     for cells in _table_rows(result):
         if cells[0]:
@@ -112,12 +115,9 @@ def print_report(result: BenchResult, console: Console) -> None:
     console.print(f"[bold]Kiln benchmark[/] — {m.cpu_model}, {m.logical_cores} cores, {m.ram_gib} GiB RAM, "
                   f"torch {m.torch}, {m.torch_threads} threads, commit {m.git_commit}, {m.date} UTC")
     table = Table(title="Results", caption=RATIO_NOTE, caption_justify="left")
-    table.add_column("")
-    table.add_column("metric")
-    table.add_column("unit")
-    for engine in result.engines():
-        table.add_column(engine, justify="right", style="bold" if engine == KILN else None)
-    table.add_column("Kiln vs ref", justify="right")
+    for i, header in enumerate(_headers(result)):
+        table.add_column(header, justify="right" if i >= 3 else "left",
+                         style="bold" if header.startswith(KILN) and "/" not in header else None)
     for cells in _table_rows(result):
         table.add_row(*map(escape, cells))
     console.print(table)

@@ -1,4 +1,5 @@
-"""The result of one `kiln bench` run: rows of metrics, one value per engine, plus notes.
+"""The result of one `kiln bench` run: rows of metrics, one value per engine, the comparisons between
+engines (Kiln against llama-server on each ISA), plus notes.
 
 Measurements append rows as they go, so a later measurement family (adapters, the learning loop)
 adds its own rows without this module knowing about it.
@@ -11,12 +12,23 @@ from dataclasses import dataclass, field
 from kiln.bench.machine import MachineInfo
 from kiln.bench.stats import speedup
 
-KILN = "kiln"
-LLAMACPP = "llama.cpp"
+KILN = "kiln"                  # Kiln's engines' names start with it (and Kiln-only measurements use it)
+LLAMA_SERVER = "llama-server"  # llama.cpp's own server: the reference every Kiln figure is compared with
 TRANSFORMERS = "transformers"
-ENGINES = (KILN, LLAMACPP, TRANSFORMERS)
-# The engine a Kiln figure is compared with: llama.cpp when it measured the row, else transformers.
-REFERENCE_ORDER = (LLAMACPP, TRANSFORMERS)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One ratio column: a Kiln engine against the reference measured on the same ISA."""
+
+    kiln: str          # engine names, e.g. "kiln gguf avx512" and "llama-server avx512"
+    reference: str
+    isa: str           # avx512 | avx2 | scalar: what both ran
+    weights: str       # "default" (what `kiln serve` serves by default) | "gguf" | another quantization
+
+    @property
+    def label(self) -> str:
+        return f"{self.kiln} / {self.reference}"
 
 
 @dataclass(frozen=True)
@@ -36,17 +48,13 @@ class Row:
     # engines whose value is shown but measured a different case (no ratio against it)
     incomparable: set[str] = field(default_factory=set)
 
-    def reference(self) -> tuple[str, float] | None:
-        for engine in REFERENCE_ORDER:
-            if engine in self.values and engine not in self.incomparable:
-                return engine, self.values[engine]
-        return None
-
-    def kiln_ratio(self) -> float | None:
-        ref = self.reference()
-        if ref is None:
+    def ratio(self, comparison: Comparison) -> float | None:
+        """How many times better the comparison's Kiln engine is than its reference on this row (None
+        when either has no figure, or the reference's figure measured another case)."""
+        if comparison.reference in self.incomparable:
             return None
-        return speedup(self.values.get(KILN), ref[1], self.spec.higher_is_better)
+        return speedup(self.values.get(comparison.kiln), self.values.get(comparison.reference),
+                       self.spec.higher_is_better)
 
 
 @dataclass
@@ -58,6 +66,8 @@ class BenchResult:
     failures: list[str] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)  # engine -> why it was not measured
     complete: bool = True        # False while engines remain: a checkpoint of a run still going
+    engine_order: list[str] = field(default_factory=list)      # table columns, in the order engines ran
+    comparisons: list[Comparison] = field(default_factory=list)
 
     def record(self, spec: MetricSpec, engine: str, value: float | None, comparable: bool = True) -> None:
         """`comparable=False`: the engine's figure is shown, but Kiln's is not given as a ratio to it."""
@@ -79,10 +89,14 @@ class BenchResult:
         return None if row is None else row.values.get(engine)
 
     def engines(self) -> list[str]:
-        """Engines with a value or a reason for having none, in the canonical column order."""
+        """Engines with a value or a reason for having none, in the order they were set up to run."""
         present = {e for r in self.rows for e in r.values} | set(self.unavailable)
-        known = [e for e in ENGINES if e in present]
-        return known + sorted(present - set(ENGINES))
+        known = [e for e in self.engine_order if e in present]
+        return known + sorted(present - set(known))
+
+    def ratio(self, key: str, comparison: Comparison) -> float | None:
+        row = self.row(key)
+        return None if row is None else row.ratio(comparison)
 
     def note(self, text: str) -> None:
         if text not in self.notes:

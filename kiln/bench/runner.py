@@ -5,15 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from kiln.bench import llama_server
 from kiln.bench.engines import BenchEngine, KilnServerEngine, Unsupported
 from kiln.bench.machine import collect_machine_info
 from kiln.bench.measurements import BenchContext, Measurement, select_measurements
 from kiln.bench.options import BenchOptions
 from kiln.bench.prompts import PromptFactory
 from kiln.bench.reference_hf import TransformersEngine
-from kiln.bench.reference_llamacpp import INSTALL_HINT, LlamaCppEngine, llamacpp_status
-from kiln.bench.results import LLAMACPP, BenchResult
+from kiln.bench.results import KILN, LLAMA_SERVER, BenchResult, Comparison
 from kiln.errors import KilnError
+from kiln.model import kernels
 
 WARMUP_SEED = 1
 
@@ -25,20 +26,46 @@ def check_model_path(path: str) -> None:
                         hint="Pass a .gguf file or an HF model directory, or omit --model for the embedded one.")
 
 
-def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: list[int]) -> list[BenchEngine]:
-    engines: list[BenchEngine] = [KilnServerEngine(options.model_path, options.threads, url=options.kiln_url,
-                                                            quantization=options.kiln_quantization)]
+def kiln_name(quantization: str, isa: str) -> str:
+    """`kiln avx512` serves the default weights; `kiln gguf avx512` the GGUF's own blocks."""
+    return f"{KILN} {isa}" if quantization == "none" else f"{KILN} {quantization} {isa}"
+
+
+def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: list[int] | None = None,
+                  cpu_isas: list[str] | None = None) -> list[BenchEngine]:
+    """Per ISA: the Kiln servers (default weights first), then llama-server built for that ISA, each
+    Kiln engine compared with it. One engine is alive at a time, in this order."""
+    cpu_isas = cpu_isas or kernels.cpu_isas()
+    engines: list[BenchEngine] = []
+    for isa in options.bench_isas(cpu_isas):
+        label = cpu_isas[-1] if isa == "native" else isa
+        kilns = [KilnServerEngine(options.model_path, options.threads, url=options.kiln_url, quantization=q,
+                                  name=kiln_name(q, label), isa=None if isa == "native" else isa, primary=i == 0)
+                 for i, q in enumerate(options.kiln_quantizations)]
+        engines += kilns
+        if options.skip_reference:
+            continue
+        ref = f"{LLAMA_SERVER} {label}"
+        if Path(options.model_path).suffix != ".gguf":
+            result.unavailable[ref] = "the model is not a .gguf file"
+        else:
+            found = llama_server.locate(isa, options.llama_server if isa == "native" else options.llama_server_avx2,
+                                        options.build_llama_server)
+            if found.path is None:
+                result.unavailable[ref] = found.how
+            else:
+                engines.append(llama_server.LlamaServerEngine(ref, found.path, options.model_path, options.threads,
+                                                              label))
+                result.options[f"{ref} binary"] = f"{found.path} ({found.how}; {llama_server.version(found.path)})"
+        for k in kilns:
+            result.comparisons.append(Comparison(k.name, ref, label, "default" if k.quantization == "none"
+                                                 else k.quantization))
     if options.skip_reference:
         result.note("reference engines skipped (--skip-reference): no ratios")
-        return engines
-    ok, detail = llamacpp_status()
-    if not ok:
-        result.unavailable[LLAMACPP] = f"{detail}; install with {INSTALL_HINT}"
-    elif Path(options.model_path).suffix != ".gguf":
-        result.unavailable[LLAMACPP] = "the model is not a .gguf file"
-    else:
-        engines.append(LlamaCppEngine(options.model_path, options.threads, eos_token_ids))
-    engines.append(TransformersEngine(options.model_path, options.threads))
+    elif options.transformers:
+        engines.append(TransformersEngine(options.model_path, options.threads))
+    result.engine_order = [e.name for e in engines] + [e for e in result.unavailable if e not in
+                                                        {x.name for x in engines}]
     return engines
 
 
@@ -49,6 +76,9 @@ def run_engine(ctx: BenchContext, engine: BenchEngine, measurements: list[Measur
     ctx.log(f"{engine.name}: starting")
     try:
         engine.start()
+        isa = getattr(engine, "cpu_isa", None)
+        if isa:
+            ctx.result.options[f"{engine.name}: kernels' ISA (its /health)"] = isa
         engine.warmup(ctx.prompt(ctx.options.warmup_prompt_tokens, WARMUP_SEED))
         for m in chosen:
             ctx.log(f"{engine.name}: {m.description}")
@@ -77,7 +107,9 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print,
     prompts = PromptFactory.for_model(options.model_path)
     ctx = BenchContext(options=options, result=result, prompts=prompts, log=log)
     if engines is None:
-        engines = build_engines(options, result, list(getattr(prompts.tokenizer, "eos_token_ids", [])))
+        engines = build_engines(options, result)
+    elif not result.engine_order:
+        result.engine_order = [e.name for e in engines]
     for i, engine in enumerate(engines):
         run_engine(ctx, engine, measurements)
         result.complete = i == len(engines) - 1

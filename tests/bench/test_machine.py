@@ -30,10 +30,10 @@ def test_physical_cores_unknown_without_core_ids():
 
 
 def test_machine_rows_label_every_field_and_show_missing_as_a_dash():
-    info = MachineInfo("cpu", 4, None, 8.0, "Linux", "3.11", "2.13", 4, "5.0", "not installed", "0.1.0",
+    info = MachineInfo("cpu", 4, None, 8.0, "Linux", "3.11", "2.13", 4, "5.0", "scalar, avx2", "0.1.0",
                        "0.5 / 0.5 / 0.5", "2026-01-01 00:00", "abc123")
     rows = dict(info.as_rows())
     assert rows["CPU"] == "cpu"
     assert rows["physical cores"] == "—"
     assert rows["git commit"] == "abc123"
-    assert rows["llama-cpp-python"] == "not installed"
+    assert rows["ISAs this CPU runs (Kiln's kernels)"] == "scalar, avx2"

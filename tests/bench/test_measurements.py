@@ -15,7 +15,7 @@ from kiln.bench.measurements import (
 )
 from kiln.bench.options import BenchOptions
 from kiln.bench.prompts import BenchPrompt
-from kiln.bench.results import BenchResult
+from kiln.bench.results import BenchResult, Comparison
 from kiln.bench.runner import run_engine
 from kiln.errors import KilnError
 
@@ -106,18 +106,34 @@ def test_a_serial_servers_itl_is_shown_but_not_compared():
 
     ctx = context(itl_trigger_tokens=16)
     measure_itl(ctx, FakeEngine("kiln"))
-    measure_itl(ctx, Serial("llama.cpp"))
+    measure_itl(ctx, Serial("llama-server"))
     row = ctx.result.row("itl.p50_ms")
-    assert row.values["llama.cpp"] == pytest.approx(10.0)
-    assert row.reference() is None and row.kiln_ratio() is None
+    assert row.values["llama-server"] == pytest.approx(10.0)
+    assert row.ratio(Comparison("kiln", "llama-server", "avx2", "gguf")) is None
     assert any("not compared" in n for n in ctx.result.notes)
 
 
 def test_an_overlapping_itl_run_is_compared():
     ctx = context(itl_trigger_tokens=16)
     measure_itl(ctx, FakeEngine("kiln"))
-    measure_itl(ctx, FakeEngine("llama.cpp"))
-    assert ctx.result.row("itl.p50_ms").reference() == ("llama.cpp", pytest.approx(10.0))
+    measure_itl(ctx, FakeEngine("llama-server"))
+    assert ctx.result.row("itl.p50_ms").ratio(Comparison("kiln", "llama-server", "avx2", "gguf")) == pytest.approx(1.0)
+
+
+def test_itl_records_the_longest_gap():
+    ctx = context()
+    measure_itl(ctx, FakeEngine())
+    assert ctx.result.value("itl.max_gap_ms", "kiln") == pytest.approx(50.0)
+
+
+def test_an_engine_without_a_server_measures_single_stream_only():
+    class SingleOnly(FakeEngine):
+        single_only = True
+
+    ctx = context()
+    run_engine(ctx, SingleOnly("transformers"), select_measurements(["single", "concurrent", "itl"]))
+    assert ctx.result.value("single.decode_tps@100", "transformers") is not None
+    assert ctx.result.row("concurrent.agg_tps@8") is None and ctx.result.failures == []
 
 
 def test_an_engine_without_itl_records_nothing():
@@ -169,5 +185,5 @@ def test_quick_preset_is_smaller_than_the_full_run():
     full, quick = BenchOptions.preset("m"), BenchOptions.preset("m", quick=True)
     assert quick.max_tokens < full.max_tokens
     assert len(quick.concurrency_levels) < len(full.concurrency_levels)
-    assert full.max_tokens == 128 and full.concurrency_levels == (1, 8, 16)
+    assert full.max_tokens == 128 and full.concurrency_levels == (1, 8, 16, 32, 64)
     assert full.itl_long_prompt_tokens == 2000 and full.itl_streams == 8

@@ -1,68 +1,104 @@
-from kiln.bench.measurements import ADAPTER_RATIO, ITL_SPREAD, LEARNING_LOOP, TRAINING_ITL_RATIO, decode_spec
-from kiln.bench.results import KILN, LLAMACPP
+from kiln.bench.measurements import (
+    ADAPTER_RATIO,
+    ITL_MAX,
+    ITL_SPREAD,
+    LEARNING_LOOP,
+    TRAINING_ITL_RATIO,
+    aggregate_spec,
+    decode_spec,
+)
+from kiln.bench.results import Comparison
 from kiln.bench.targets import MET, MISSED, NOT_MEASURED, evaluate_targets
+
+from .conftest import KILN_DEFAULT, KILN_GGUF, REF
 
 
 def outcomes(result):
     return {t.name: o for t, o in evaluate_targets(result)}
 
 
-def test_decode_target_is_met_at_one_times_llamacpp_on_every_prompt(result):
-    o = outcomes(result)["single-stream decode"]
+def test_gguf_decode_target_is_one_and_a_half_times_llama_server_on_every_prompt(result):
+    o = outcomes(result)["single-stream decode, gguf (avx512)"]
     assert o.status == MET
     assert "2.00x" in o.measured
 
 
-def test_decode_target_is_missed_when_any_prompt_length_falls_short(result):
-    result.record(decode_spec(500), KILN, 20.0)   # llama.cpp: 25
-    assert outcomes(result)["single-stream decode"].status == MISSED
+def test_gguf_decode_target_is_missed_when_any_prompt_length_falls_short(result):
+    result.record(decode_spec(500), KILN_GGUF, 30.0)   # llama-server: 25, 1.2x
+    assert outcomes(result)["single-stream decode, gguf (avx512)"].status == MISSED
 
 
-def test_prefill_target_needs_three_times_llamacpp(result):
-    assert outcomes(result)["prefill"].status == MET
+def test_default_weights_must_match_llama_servers_decode(result):
+    o = outcomes(result)["single-stream decode, default weights (avx512)"]
+    assert o.status == MISSED and "0.80x" in o.measured
+    result.record(decode_spec(100), KILN_DEFAULT, 30.0)
+    result.record(decode_spec(500), KILN_DEFAULT, 25.0)
+    assert outcomes(result)["single-stream decode, default weights (avx512)"].status == MET
 
 
-def test_aggregate_target_needs_five_times_llamacpps_server(result):
-    o = outcomes(result)["aggregate throughput, 8 streams"]
-    assert o.status == MISSED
-    assert "3.00x" in o.measured
+def test_prefill_target_needs_two_and_a_half_times_llama_server(result):
+    assert outcomes(result)["prefill, gguf (avx512)"].status == MET
 
 
-def test_itl_target_compares_p99_with_kilns_own_median(result):
-    assert outcomes(result)["ITL p99 during a long-prompt arrival"].status == MET
-    result.record(ITL_SPREAD, KILN, 3.5)
-    assert outcomes(result)["ITL p99 during a long-prompt arrival"].status == MISSED
+def test_aggregate_targets_are_2x_at_8_streams_and_3x_at_32_and_64(result):
+    o = outcomes(result)
+    assert o["aggregate throughput, 8 streams, gguf (avx512)"].status == MET
+    assert o["aggregate throughput, 32 and 64 streams, gguf (avx512)"].status == NOT_MEASURED
+    result.record(aggregate_spec(32), KILN_GGUF, 400.0)
+    result.record(aggregate_spec(32), REF, 100.0)
+    result.record(aggregate_spec(64), KILN_GGUF, 250.0)
+    result.record(aggregate_spec(64), REF, 100.0)
+    o = outcomes(result)["aggregate throughput, 32 and 64 streams, gguf (avx512)"]
+    assert o.status == MISSED and "4.00x" in o.measured and "2.50x" in o.measured
 
 
-def test_llamacpp_targets_are_not_measured_without_llamacpp(result_without_llamacpp):
-    o = outcomes(result_without_llamacpp)
-    assert o["single-stream decode"].status == NOT_MEASURED
-    assert o["aggregate throughput, 8 streams"].status == NOT_MEASURED
+def test_itl_target_bounds_the_spread_and_the_worst_gap(result):
+    name = f"ITL during a long-prompt arrival ({KILN_GGUF})"
+    assert outcomes(result)[name].status == MET
+    result.record(ITL_MAX, KILN_GGUF, 400.0)
+    assert outcomes(result)[name].status == MISSED
+    result.record(ITL_MAX, KILN_GGUF, 100.0)
+    result.record(ITL_SPREAD, KILN_GGUF, 3.5)
+    assert outcomes(result)[name].status == MISSED
 
 
-def test_transformers_figures_never_stand_in_for_llamacpp_in_a_target(result_without_llamacpp):
-    assert result_without_llamacpp.value(decode_spec(100).key, LLAMACPP) is None
-    assert outcomes(result_without_llamacpp)["single-stream decode"].measured == "needs Kiln and llama.cpp figures"
+def test_targets_against_llama_server_are_not_measured_without_it(result_without_reference):
+    o = outcomes(result_without_reference)["single-stream decode, gguf (avx512)"]
+    assert o.status == NOT_MEASURED
+    assert o.measured == f"needs {KILN_GGUF} and {REF} figures"
+
+
+def test_the_avx2_pair_gets_its_own_targets(result):
+    pair = Comparison("kiln gguf avx2", "llama-server avx2", "avx2", "gguf")
+    result.comparisons.append(pair)
+    result.record(decode_spec(100), "kiln gguf avx2", 40.0)
+    result.record(decode_spec(100), "llama-server avx2", 20.0)
+    o = outcomes(result)
+    assert o["single-stream decode, gguf (avx2)"].status == MET
+    assert o["single-stream decode, gguf (avx512)"].status == MET
 
 
 def test_adapter_target_needs_seven_tenths_of_the_base_streams(result):
-    assert outcomes(result)["streams over 4 adapters"].status == NOT_MEASURED
-    result.record(ADAPTER_RATIO, KILN, 0.69)
-    assert outcomes(result)["streams over 4 adapters"].status == MISSED
-    result.record(ADAPTER_RATIO, KILN, 0.7)
-    assert outcomes(result)["streams over 4 adapters"].status == MET
+    name = f"streams over 4 adapters ({KILN_DEFAULT})"
+    assert name not in outcomes(result)
+    result.record(ADAPTER_RATIO, KILN_DEFAULT, 0.69)
+    assert outcomes(result)[name].status == MISSED
+    result.record(ADAPTER_RATIO, KILN_DEFAULT, 0.7)
+    assert outcomes(result)[name].status == MET
 
 
-def test_learning_loop_target_is_thirty_seconds_at_most(result):
-    result.record(LEARNING_LOOP, KILN, 31.0)
-    o = outcomes(result)["learning loop"]
-    assert o.status == MISSED and o.measured == "31.0 s"
-    result.record(LEARNING_LOOP, KILN, 29.5)
-    assert outcomes(result)["learning loop"].status == MET
+def test_learning_loop_target_is_ten_seconds_on_avx512_and_twelve_on_avx2(result):
+    result.record(LEARNING_LOOP, KILN_DEFAULT, 11.0)
+    o = outcomes(result)[f"learning loop ({KILN_DEFAULT})"]
+    assert o.status == MISSED and o.measured == "11.0 s"
+    result.comparisons.append(Comparison("kiln avx2", "llama-server avx2", "avx2", "default"))
+    result.record(LEARNING_LOOP, "kiln avx2", 11.0)
+    assert outcomes(result)["learning loop (kiln avx2)"].status == MET
 
 
 def test_itl_while_training_target_is_five_times_at_most(result):
-    result.record(TRAINING_ITL_RATIO, KILN, 5.2)
-    assert outcomes(result)["ITL p99 while training"].status == MISSED
-    result.record(TRAINING_ITL_RATIO, KILN, 4.9)
-    assert outcomes(result)["ITL p99 while training"].status == MET
+    name = f"ITL p99 while training ({KILN_DEFAULT})"
+    result.record(TRAINING_ITL_RATIO, KILN_DEFAULT, 5.2)
+    assert outcomes(result)[name].status == MISSED
+    result.record(TRAINING_ITL_RATIO, KILN_DEFAULT, 4.9)
+    assert outcomes(result)[name].status == MET
