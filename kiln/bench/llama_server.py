@@ -113,9 +113,4 @@ class LlamaServerEngine(HttpEngine):
         self.endpoint.base_url = self.server.url
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        self._stop_server()
