@@ -7,9 +7,12 @@ import pytest
 from kiln.bench.options import BenchOptions
 from kiln.bench.report import render_markdown
 from kiln.bench.runner import run_bench
+from kiln.model import kernels
 from kiln.testing.tiny import make_tiny_model
 
 pytestmark = pytest.mark.e2e
+# an HF directory: the default weights only, on the CPU's own ISA
+KILN_NATIVE = f"kiln {kernels.cpu_isas()[-1]}"
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +23,7 @@ def tiny_result(tmp_path_factory):
         single_prompt_tokens=(40,), single_repeats=1, concurrency_levels=(2,), requests_per_stream=1,
         concurrent_prompt_tokens=30, itl_streams=2, itl_max_tokens=12, itl_long_prompt_tokens=200,
         itl_trigger_tokens=3, warmup_prompt_tokens=20, adapter_streams=2, adapter_count=2, adapter_rank=4,
-        adapter_repeats=1, training_streams=2)
+        adapter_repeats=1, training_streams=2, isas=("native",))
     return run_bench(options, log=lambda _msg: None)
 
 
@@ -31,7 +34,12 @@ def test_every_measurement_produces_kiln_figures_through_the_server(tiny_result)
                 "adapters.base_agg_tps", "adapters.mixed_agg_tps", "adapters.mixed_over_base",
                 "training.tokens_per_sec", "training.itl_p99_idle_ms", "training.itl_p99_busy_ms",
                 "training.itl_p99_ratio"):
-        assert tiny_result.value(key, "kiln") > 0, key
+        assert tiny_result.value(key, KILN_NATIVE) > 0, key
+
+
+def test_the_kiln_server_is_named_after_the_isa_its_health_reports(tiny_result):
+    assert tiny_result.engine_order == [KILN_NATIVE]
+    assert tiny_result.options[f"{KILN_NATIVE}: kernels' ISA (its /health)"] == kernels.cpu_isas()[-1]
 
 
 def actual_tokens(result, key: str) -> int:
