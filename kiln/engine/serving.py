@@ -263,7 +263,8 @@ def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEn
                       max_num_seqs=settings.engine.max_num_seqs,
                       max_batch_tokens=settings.engine.max_batch_tokens,
                       enable_prefix_caching=settings.engine.enable_prefix_caching,
-                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes)
+                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
+                      decode_window_secs=settings.stats.decode_window_secs)
     info = ModelInfo(
         path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,
         format=weights.format, dtype=str(kv_dtype).removeprefix("torch."), device=str(device),
