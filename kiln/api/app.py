@@ -26,6 +26,8 @@ ROUTER_MODULES = [
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
     "kiln.api.routers.train",
+    "kiln.api.routers.stats",
+    "kiln.api.routers.corrections",
 ]
 
 
