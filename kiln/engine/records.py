@@ -257,6 +257,37 @@ def adapter_identity(target: Any) -> list[dict[str, Any]]:
     return [{"name": name, "scale": scale, "revision": revision} for name, scale, revision in target.key]
 
 
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def rehearsal_rows(records: Iterable[CompletionRecord], n: int, *, exclude_ids: Iterable[str] = (),
+                   exclude_prompts: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Up to `n` sft_chat rows of answers the server gave and nobody corrected, newest first: trained
+    beside a few corrections they hold the rest of the model's behaviour in place (rehearsal), so
+    teaching one country's capital does not make every capital the new one.
+
+    Eligible: a finished single-choice chat (status ok, finish stop) without tools whose prompt is not
+    one of the corrected prompts; one row per distinct last user turn.
+    """
+    ids = set(exclude_ids)
+    seen = {_norm(p) for p in exclude_prompts}
+    rows: list[dict[str, Any]] = []
+    for rec in records:
+        if len(rows) >= n:
+            break
+        if (rec.kind != "chat" or rec.status != OK or rec.id in ids
+                or rec.request_id in ids or rec.messages is None or rec.tools or len(rec.choices) != 1):
+            continue
+        answer = rec.choices[0]
+        key = _norm(rec.prompt_text())
+        if key in seen or answer.finish_reason != "stop" or not answer.content.strip() or answer.tool_calls:
+            continue
+        seen.add(key)
+        rows.append({"messages": [*rec.messages, {"role": "assistant", "content": answer.content}]})
+    return rows
+
+
 class RecentRequests:
     """The last `capacity` records, newest first; thread-safe (handlers on the loop, threadpool readers)."""
 

@@ -12,8 +12,10 @@ kill loses at most the event being written. A correction is `pending` until a jo
 completes with its adapter served, then `trained` (with `trained_into`, the adapter, and the job id).
 
 `CORRECTIONS_SFT_DEFAULTS` is the recipe `POST /v1/corrections/train` fills in for fields its config
-leaves out: a handful of corrections must stick after one short job, so it trains many epochs over the
-few rows at a high LoRA rate, where the general SFT defaults (3 epochs at 1e-4) are meant for datasets.
+leaves out: a handful of corrections must stick after one short job, so it trains several epochs over
+the few rows at a high LoRA rate, where the general SFT defaults (3 epochs at 1e-4) are meant for
+datasets. Beside them it trains up to `DEFAULT_REPLAY` recent answers the server gave and nobody
+corrected (kiln.engine.records.rehearsal_rows), which keeps the edit from spilling over.
 """
 
 from __future__ import annotations
@@ -34,9 +36,14 @@ STATES = (PENDING, TRAINED)
 CODE = "correction_invalid"
 FILE = "corrections.jsonl"
 
-# One made-up fact sticks on SmolLM2-135M after this in every seed tried (tests/e2e/test_corrections.py).
-CORRECTIONS_SFT_DEFAULTS: dict[str, Any] = {"epochs": 12, "learning_rate": 2e-3, "lora_rank": 8, "lora_alpha": 16,
-                                            "batch_size": 1}
+# A made-up fact sticks on SmolLM2-135M after this (tests/e2e/test_corrections.py); the rows train as one
+# batch per step (corrections + rehearsal, up to MAX_BATCH), so a job is `epochs` steps.
+CORRECTIONS_SFT_DEFAULTS: dict[str, Any] = {"epochs": 8, "learning_rate": 2e-3, "lora_rank": 8, "lora_alpha": 16}
+MAX_BATCH = 8
+# Recent served answers trained beside the corrections (rehearsal). Without them one correction
+# bleeds: taught "the capital of Zorbania is Quillton", SmolLM2 then names Quillton the capital of
+# France too; with six such answers in the batch it still says Berlin and Rome for Germany and Italy.
+DEFAULT_REPLAY = 6
 
 
 def invalid(message: str, param: str | None = None, hint: str | None = None) -> KilnError:

@@ -12,6 +12,7 @@ from kiln.engine.records import (
     RecentRequests,
     preview,
     record_from_log_row,
+    rehearsal_rows,
 )
 from kiln.testing.schemas import validate
 
@@ -148,3 +149,24 @@ def test_a_recorder_whose_log_raises_still_keeps_the_ring():
 @pytest.mark.parametrize("capacity", [0, -5])
 def test_the_ring_holds_at_least_one(capacity):
     assert RecentRequests(capacity).capacity == 1
+
+
+def test_rehearsal_takes_uncorrected_finished_answers_once_per_prompt_newest_first():
+    records = [
+        rec(9, messages=[{"role": "user", "content": "Capital of France?"}],
+            choices=[ChoiceRecord(0, "Paris.", "stop", 2)]),
+        rec(8, messages=[{"role": "user", "content": "capital of  FRANCE?"}],
+            choices=[ChoiceRecord(0, "Lyon.", "stop", 2)]),                        # same prompt, older
+        rec(7, choices=[ChoiceRecord(0, "cut", "length", 2)]),                     # did not finish
+        rec(6, status="error", finish_reason="error", choices=[]),
+        rec(5, messages=[{"role": "user", "content": "Capital of Zorbania?"}]),   # the corrected prompt
+        rec(4),                                                                   # the corrected request
+        rec(3, choices=[ChoiceRecord(0, "Three.", "stop", 1)]),
+        rec(2, choices=[ChoiceRecord(0, "Two.", "stop", 1)]),
+    ]
+    rows = rehearsal_rows(records, 2, exclude_ids=["chatcmpl-4"], exclude_prompts=["capital of zorbania?"])
+    assert rows == [
+        {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]},
+        {"messages": [*records[6].messages, {"role": "assistant", "content": "Three."}]},
+    ]
+    assert rehearsal_rows(records, 0) == []

@@ -29,10 +29,13 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
 from kiln.api.state import ServerState, get_state
+from kiln.engine.records import last_user_text, rehearsal_rows
 from kiln.errors import KilnError
 from kiln.train.corrections import (
     CODE,
     CORRECTIONS_SFT_DEFAULTS,
+    DEFAULT_REPLAY,
+    MAX_BATCH,
     STATES,
     Correction,
     CorrectionStore,
@@ -64,6 +67,8 @@ class TrainCorrectionsRequest(BaseModel):
 
     config: dict[str, Any] = Field(default_factory=dict)
     post_eval: dict[str, Any] | None = None
+    # recent served answers nobody corrected, trained alongside as rehearsal (kiln.engine.records)
+    replay: int = Field(DEFAULT_REPLAY, ge=0, le=64)
 
 
 class ExportRequest(BaseModel):
@@ -220,13 +225,15 @@ async def delete_correction(request: Request, correction_id: str) -> JSONRespons
     return JSONResponse({"id": c.id, "object": "kiln.correction", "deleted": True})
 
 
-def corrections_config(config: dict[str, Any], active_name: str | None) -> dict[str, Any]:
-    """The SFT config a corrections job runs with: the caller's fields, then the corrections recipe.
+def corrections_config(config: dict[str, Any], active_name: str | None, num_rows: int) -> dict[str, Any]:
+    """The SFT config a corrections job runs with: the caller's fields, then the corrections recipe
+    (all rows in one batch, up to MAX_BATCH, so an epoch is one step).
 
     Without `base_adapter` the job continues the active adapter (what served the corrected answers),
     so what it learned before stays; `"base_adapter": null` starts from the base model.
     """
     out = dict(config)
+    out.setdefault("batch_size", max(1, min(num_rows, MAX_BATCH)))
     if "base_adapter" not in out and active_name:
         out["base_adapter"] = active_name
     continuing = out.get("base_adapter") is not None
@@ -260,8 +267,11 @@ async def train_corrections(request: Request) -> JSONResponse:
         raise KilnError(503, "model_loading", "the model is still loading", hint="Retry when GET /health answers 200.",
                         headers={"Retry-After": "5"})
     active = getattr(state.services.get("adapters_active"), "name", None)
-    sft: dict[str, Any] = {"examples": [c.sft_row() for c in chosen],
-                           "config": corrections_config(body.config, active)}
+    recorder = state.services.get("recorder")
+    replay = rehearsal_rows(recorder.ring.list(), body.replay, exclude_ids=[c.request_id for c in chosen if c.request_id],
+                            exclude_prompts=[last_user_text(c.messages) for c in chosen]) if recorder else []
+    rows = [c.sft_row() for c in chosen] + replay
+    sft: dict[str, Any] = {"examples": rows, "config": corrections_config(body.config, active, len(rows))}
     if body.post_eval is not None:
         sft["post_eval"] = body.post_eval
     req = parse_model(SftRequest, sft, code=TRAIN_CODE, prefix=TRAIN_PREFIX)
@@ -271,6 +281,7 @@ async def train_corrections(request: Request) -> JSONResponse:
     ids = [c.id for c in chosen]
     plan.data.source = "corrections"
     plan.stats["correction_ids"] = ids
+    plan.stats["replayed_rows"] = len(replay)
     if plan.post_eval is not None and manager.eval_link is not None:
         manager.eval_link.bind_loop(asyncio.get_running_loop())
     # Taken before the job exists: a tiny job can finish before submit() returns.
@@ -282,5 +293,6 @@ async def train_corrections(request: Request) -> JSONResponse:
         raise
     return JSONResponse({"job_id": job.job_id, "state": "queued", "adapter_name": job.adapter_name,
                          "message": f"Queued SFT job training adapter `{job.adapter_name}` on {len(ids)} "
-                                    f"correction{'s' if len(ids) != 1 else ''} ({job.total_steps} steps)",
-                         "corrections": ids})
+                                    f"correction{'s' if len(ids) != 1 else ''} and {len(replay)} rehearsed "
+                                    f"answer{'s' if len(replay) != 1 else ''} ({job.total_steps} steps)",
+                         "corrections": ids, "replayed": len(replay)})
