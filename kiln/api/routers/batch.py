@@ -12,7 +12,7 @@ import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,6 +22,7 @@ from kiln.api.errors import parse_model, read_json_body
 from kiln.api.routers.chat import (
     ChoiceOutput,
     clamp_to_context,
+    client_request_id,
     final_text,
     render_prompt,
     require_engine,
@@ -48,7 +49,15 @@ from kiln.core.thinking_mode import effective_template_kwargs
 from kiln.core.tool_calls import tool_parsing_enabled
 from kiln.engine.engine import GenerationRequest
 from kiln.engine.lora_slots import AdapterTarget
-from kiln.engine.serving import ServingEngine
+from kiln.engine.records import (
+    CANCELLED,
+    ChoiceRecord,
+    CompletionRecord,
+    adapter_identity,
+    recent_budget,
+    thinking_mode,
+)
+from kiln.engine.serving import ServingEngine, sampling_dict
 from kiln.engine.timing import now
 from kiln.errors import KilnError
 
@@ -74,28 +83,36 @@ async def batch_completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
     metrics = metrics_for(state)
+    served = ServedBatch("batchcmpl-" + uuid.uuid4().hex, client_request_id(request), started)
     status = "error"
     try:
         body = await read_json_body(request, code=CODE, prefix=PREFIX)
         req = parse_model(BatchCompletionRequest, body, code=CODE, prefix=PREFIX)
+        served.req = req
         engine = require_engine(request)
         adapter, adapters, both = req.adapter_fields()
         check_adapter_selection(adapter, adapters, both_given=both, prefix=PREFIX)
         target = engine.resolve_adapter(adapter_given="adapter" in req.model_fields_set, adapter=adapter,
                                         adapters=adapters)
+        served.target = target
         if metrics is not None:
             with metrics.in_flight():
-                result = await _run(engine, req, state.settings.server, metrics, target)
+                result = await _run(engine, req, state.settings.server, metrics, target, served)
         else:
-            result = await _run(engine, req, state.settings.server, metrics, target)
+            result = await _run(engine, req, state.settings.server, metrics, target, served)
         status = "ok"
-        return JSONResponse(result)
+        return JSONResponse(result, headers={"x-request-id": served.request_id})
     except KilnError as e:
         status = status_of(e.status)
+        served.error = e.message
+        raise
+    except BaseException:
+        served.cancelled = True
         raise
     finally:
         if metrics is not None:
             metrics.finished(status, now() - started)
+        _record_batch(state, served, status)
 
 
 def _plan(engine: ServingEngine, req: BatchCompletionRequest, params: SamplingParams, budget: EffectiveBudget,
@@ -128,11 +145,16 @@ def _plan(engine: ServingEngine, req: BatchCompletionRequest, params: SamplingPa
 
 
 async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: ServerSettings,
-               metrics: KilnMetrics | None, target: AdapterTarget | None = None) -> dict[str, Any]:
+               metrics: KilnMetrics | None, target: AdapterTarget | None = None,
+               served: ServedBatch | None = None) -> dict[str, Any]:
+    served = served or ServedBatch("batchcmpl-" + uuid.uuid4().hex, "", now())
     params = resolve_params(engine, req, settings, code=CODE)
+    served.params = params
     budget = resolve_budget(req.budget_fields(), settings, code=CODE)
+    served.budget = budget
     kwargs = effective_template_kwargs(req.chat_template_kwargs, default_thinking_enabled=settings.default_thinking_enabled)
     plans = _plan(engine, req, params, budget, kwargs)
+    served.plans = plans
     n = req.choices
     seed = params.seed if params.seed is not None else random.getrandbits(63)
     close_ids = engine.close_think_ids
@@ -148,6 +170,7 @@ async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: Ser
                        for _ in range(n)]
         requests.append(GenerationRequest(pl.prompt_ids, choice_params, budgets, adapter=target))
     outputs = {pl.index: [ChoiceOutput() for _ in range(n)] for pl in runnable}
+    served.outputs = outputs
     if requests:
         async for i, ev in engine.generate_many(requests):
             outputs[runnable[i].index][ev.index].add(ev)
@@ -156,6 +179,7 @@ async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: Ser
     for pl in plans:
         for c in range(n):
             items.append(_item(pl, c, outputs.get(pl.index, [None] * n)[c], parse_tools, req, settings))
+    served.items = items
     if metrics is not None:
         applied = {pl.index: pl.budget_applies for pl in runnable}
         metrics.observe_budget(budget.to_dict(), [{"applied": applied[p], **(o.outcome or {})}
@@ -163,9 +187,9 @@ async def _run(engine: ServingEngine, req: BatchCompletionRequest, settings: Ser
     total_prompt = sum(it["usage"]["prompt_tokens"] for it in items)
     total_completion = sum(it["usage"]["completion_tokens"] for it in items)
     return {
-        "id": "batchcmpl-" + uuid.uuid4().hex,
+        "id": served.id,
         "object": "batch.completion",
-        "created": int(time.time()),
+        "created": served.created,
         "model": engine.info.served_model_id,
         "completions": items,
         "usage": usage(total_prompt, total_completion),
@@ -195,3 +219,64 @@ def _item(plan: PromptPlan, c: int, out: ChoiceOutput | None, parse_tools: bool,
         item["thinking_budget"] = out.outcome
     item["usage"] = usage(prompt_tokens, len(out.token_ids))
     return item
+
+
+# ---- recording what was served (kiln.engine.records) ---------------------------------------------------
+
+@dataclass
+class ServedBatch:
+    id: str
+    request_id: str
+    started: float
+    created: int = field(default_factory=lambda: int(time.time()))
+    req: BatchCompletionRequest | None = None
+    target: AdapterTarget | None = None
+    params: SamplingParams | None = None
+    budget: EffectiveBudget | None = None
+    plans: list[PromptPlan] = field(default_factory=list)
+    outputs: dict[int, list[ChoiceOutput]] = field(default_factory=dict)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    cancelled: bool = False
+
+
+def _record_batch(state: Any, served: ServedBatch, status: str) -> None:
+    recorder = state.services.get("recorder")
+    req = served.req
+    if recorder is None or req is None:
+        return
+    if served.items:
+        choices = [ChoiceRecord(it["completion_index"], it["text"], it["finish_reason"],
+                                it["usage"]["completion_tokens"], it.get("reasoning_content"), it.get("tool_calls"),
+                                prompt_index=it["prompt_index"]) for it in served.items]
+    else:  # failed or cancelled before assembly: what each choice had produced
+        choices = [ChoiceRecord(c, o.text, CANCELLED if served.cancelled else "error", len(o.token_ids),
+                                prompt_index=p) for p, outs in served.outputs.items() for c, o in enumerate(outs)]
+    applied = None
+    if served.plans:
+        applied = any(pl.budget_applies for pl in served.plans if pl.error is None)
+    budget = served.budget
+    if budget is None:
+        try:
+            budget = resolve_budget(req.budget_fields(), state.settings.server, code=CODE)
+        except KilnError:
+            budget = None
+    finished = status == "ok" and not served.cancelled
+    engine = state.engine
+    recorder.finished(CompletionRecord(
+        id=served.id, request_id=served.request_id, kind="batch",
+        model=engine.info.served_model_id if engine is not None else (req.model or ""),
+        status=CANCELLED if served.cancelled else status,
+        finish_reason=(choices[0].finish_reason if choices else "error") if finished
+        else (CANCELLED if served.cancelled else "error"),
+        created=served.created, adapter=served.target.label if served.target else "base",
+        adapters=adapter_identity(served.target),
+        prompts=[[m.model_dump(exclude_none=True) for m in msgs] for msgs in req.prompts], tools=req.tools,
+        choices=choices,
+        sampling={**sampling_dict(served.params), "n": req.choices} if served.params is not None else {},
+        prompt_tokens=sum(len(pl.prompt_ids) for pl in served.plans) * (req.choices if served.plans else 0),
+        completion_tokens=sum(c.completion_tokens for c in choices),
+        duration_ms=(now() - served.started) * 1000.0, error=served.error if status != "ok" else None,
+        thinking_budget=recent_budget(budget.to_dict(), applied) if budget is not None else None,
+        thinking_mode=thinking_mode(req.chat_template_kwargs),
+    ))

@@ -43,7 +43,15 @@ from kiln.engine.provenance import (
     provenance_problems,
     rollout_provenance,
 )
-from kiln.engine.serving import ServingEngine
+from kiln.engine.records import (
+    CANCELLED,
+    ChoiceRecord,
+    CompletionRecord,
+    adapter_identity,
+    recent_budget,
+    thinking_mode,
+)
+from kiln.engine.serving import ServingEngine, sampling_dict
 from kiln.engine.timing import RequestTimeline, now, performance_metadata
 from kiln.errors import KilnError
 
@@ -299,6 +307,8 @@ async def chat_completions(request: Request):
     started = now()
     state = get_state(request)
     metrics = metrics_for(state)
+    request_id = client_request_id(request)
+    req: ChatCompletionRequest | None = None
     try:
         body = await read_json_body(request, code="chat_invalid_request", prefix=PREFIX)
         req = parse_model(ChatCompletionRequest, body, code="chat_invalid_request", prefix=PREFIX)
@@ -307,30 +317,40 @@ async def chat_completions(request: Request):
     except KilnError as e:
         if metrics is not None:
             metrics.finished(status_of(e.status), now() - started)
+        if req is not None:
+            _record_rejected(state, req, request_id, started, e)
         raise
-    headers = response_headers(state)
+    headers = {**response_headers(state), "x-request-id": request_id}
+    served = ServedChat(request_id, req.stream or False)
     if req.stream:
-        return EventSourceResponse(_stream(engine, prep, metrics), ping=15, sep="\n", headers=headers)
+        return EventSourceResponse(_stream(engine, prep, metrics, state, served), ping=15, sep="\n",
+                                   headers=headers)
     status = "error"
     try:
         if metrics is not None:
             with metrics.in_flight():
-                result = await _complete(engine, prep, metrics)
+                result = await _complete(engine, prep, metrics, served.outs)
         else:
-            result = await _complete(engine, prep, metrics)
+            result = await _complete(engine, prep, metrics, served.outs)
         status = "ok"
     except KilnError as e:
         status = status_of(e.status)
+        served.error = e.message
+        raise
+    except BaseException:
+        served.cancelled = True   # the client went away (the task was cancelled) or a bug: recorded either way
         raise
     finally:
         if metrics is not None:
             metrics.finished(status, now() - started)
+        _record_chat(state, prep, served, status)
     return JSONResponse(result, headers=headers)
 
 
-async def _complete(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None) -> dict[str, Any]:
+async def _complete(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None,
+                    outs: list[ChoiceOutput]) -> dict[str, Any]:
     n = len(prep.params)
-    outs = [ChoiceOutput() for _ in range(n)]
+    outs.extend(ChoiceOutput() for _ in range(n))
     async for ev in engine.generate(prep.prompt_ids, prep.params, prep.id, prep.controllers(), prep.adapter):
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
@@ -397,36 +417,40 @@ def _delta(prep: PreparedChat, **delta: Any) -> dict[str, str]:
     return {"data": _chunk(prep, [{"index": 0, "delta": delta}])}
 
 
-async def _stream(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None
-                  ) -> AsyncIterator[dict[str, str]]:
+async def _stream(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None, state: ServerState,
+                  served: ServedChat) -> AsyncIterator[dict[str, str]]:
     status: str | None = "error"
     try:
         if metrics is not None:
             with metrics.in_flight():
-                async for item in _stream_events(engine, prep, metrics):
+                async for item in _stream_events(engine, prep, metrics, served):
                     yield item
         else:
-            async for item in _stream_events(engine, prep, metrics):
+            async for item in _stream_events(engine, prep, metrics, served):
                 yield item
         status = "ok"
     except KilnError as e:
         status = status_of(e.status)
+        served.error = e.message
         yield {"data": json.dumps(e.to_body())}
         yield {"data": "[DONE]"}
     except Exception as e:  # noqa: BLE001 - a stream has no status code left to change
         log.exception("stream failed")
+        served.error = f"generation failed: {e}"
         yield {"data": json.dumps(KilnError(500, "generation_error", f"generation failed: {e}").to_body())}
         yield {"data": "[DONE]"}
     except BaseException:
         status = None  # the client went away: neither a success nor a server failure, so not counted
+        served.cancelled = True
         raise
     finally:
         if metrics is not None and status is not None:
             metrics.finished(status, now() - prep.timeline.started_at)
+        _record_chat(state, prep, served, status or "error")
 
 
-async def _stream_events(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None
-                         ) -> AsyncIterator[dict[str, str]]:
+async def _stream_events(engine: ServingEngine, prep: PreparedChat, metrics: KilnMetrics | None,
+                         served: ServedChat) -> AsyncIterator[dict[str, str]]:
     include_usage = bool(prep.req.stream_options and prep.req.stream_options.include_usage)
     # per-token timing events only when the request itself asks (semantics.md §4.8)
     timing = prep.req.include_performance is True
@@ -435,6 +459,7 @@ async def _stream_events(engine: ServingEngine, prep: PreparedChat, metrics: Kil
     tools = ToolCallStreamParser(prep.req.tools) if prep.parse_tools else None
     reasoning_all = ""
     out = ChoiceOutput()
+    served.outs.append(out)
 
     def pieces(delta) -> list[dict[str, str]]:
         nonlocal reasoning_all
@@ -488,3 +513,75 @@ async def _stream_events(engine: ServingEngine, prep: PreparedChat, metrics: Kil
     if include_usage:
         yield {"data": _chunk(prep, [], usage=usage(len(prep.prompt_ids), len(out.token_ids)))}
     yield {"data": "[DONE]"}
+
+
+# ---- recording what was served (kiln.engine.records) ---------------------------------------------------
+# The one place the chat route hands a finished request to the recorder; it moves with the request
+# path when preparation and assembly move engine-side.
+
+@dataclass
+class ServedChat:
+    request_id: str
+    streamed: bool
+    outs: list[ChoiceOutput] = field(default_factory=list)
+    error: str | None = None
+    cancelled: bool = False
+
+
+def client_request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "").strip()
+    return given[:128] if given else "req-" + uuid.uuid4().hex
+
+
+def _recorder(state: ServerState) -> Any:
+    return state.services.get("recorder")
+
+
+def _record_chat(state: ServerState, prep: PreparedChat, served: ServedChat, status: str) -> None:
+    recorder = _recorder(state)
+    if recorder is None:
+        return
+    choices = []
+    for i, out in enumerate(served.outs):
+        final = final_text(out.text, out.finish_reason, thinking_enabled=prep.thinking_enabled,
+                           parse_tools=prep.parse_tools, tools=prep.req.tools, tool_choice=prep.req.tool_choice)
+        content = fold_reasoning(final.reasoning, final.content) if prep.fold else final.content
+        choices.append(ChoiceRecord(i, content, final.finish_reason, len(out.token_ids), final.reasoning,
+                                    final.tool_calls or None))
+    finished = bool(choices) and not served.cancelled and status == "ok"
+    finish = choices[0].finish_reason if finished else (CANCELLED if served.cancelled else "error")
+    outcome = served.outs[0].outcome if served.outs and finished else None
+    timeline = prep.timeline
+    recorder.finished(CompletionRecord(
+        id=prep.id, request_id=served.request_id, kind="chat", model=prep.model_id,
+        status=CANCELLED if served.cancelled else status, finish_reason=finish, created=prep.created,
+        adapter=prep.adapter.label if prep.adapter else "base", adapters=adapter_identity(prep.adapter),
+        messages=prep.req.message_dicts(), tools=prep.req.tools, choices=choices,
+        sampling={**sampling_dict(prep.params[0]), "n": len(prep.params), "stop": list(prep.user_stops)},
+        prompt_tokens=len(prep.prompt_ids), completion_tokens=sum(c.completion_tokens for c in choices),
+        duration_ms=(now() - timeline.started_at) * 1000.0, ttft_ms=timeline.ttft_ms(), streamed=served.streamed,
+        error=served.error if status != "ok" else None,
+        thinking_budget=recent_budget(prep.budget.to_dict(), prep.budget_applies, outcome),
+        thinking_mode=thinking_mode(prep.req.chat_template_kwargs),
+    ))
+
+
+def _record_rejected(state: ServerState, req: ChatCompletionRequest, request_id: str, started: float,
+                     err: KilnError) -> None:
+    """A parsed request that failed before it ran: no tokens, and the budget as far as it resolved."""
+    recorder = _recorder(state)
+    if recorder is None:
+        return
+    try:
+        budget: dict[str, Any] | None = recent_budget(resolve_budget(req.budget_fields(),
+                                                                     state.settings.server).to_dict())
+    except KilnError:
+        budget = None  # the budget fields themselves were the problem
+    engine = state.engine
+    recorder.finished(CompletionRecord(
+        id="chatcmpl-" + uuid.uuid4().hex, request_id=request_id, kind="chat",
+        model=engine.info.served_model_id if engine is not None else (req.model or ""),
+        status=status_of(err.status), finish_reason="error", messages=req.message_dicts(), tools=req.tools,
+        duration_ms=(now() - started) * 1000.0, streamed=bool(req.stream), error=err.message,
+        thinking_budget=budget, thinking_mode=thinking_mode(req.chat_template_kwargs),
+    ))
