@@ -109,7 +109,10 @@ def _list(client: ServerClient, args) -> int:
     if args.json:
         print(json.dumps(body, indent=2, ensure_ascii=False))
         return 0
-    table = Table("id", "state", "prompt", "original", "corrected", "trained into", "created")
+    table = Table()
+    table.add_column("id", no_wrap=True)
+    for name in ("state", "prompt", "original", "corrected", "trained into", "created"):
+        table.add_column(name)
     for c in body["data"]:
         user = next((m for m in reversed(c["messages"]) if m.get("role") == "user"), c["messages"][-1])
         table.add_row(c["id"], c["state"], _text(user, 40), _text(c.get("original"), 30), _text(c["corrected"], 30),
