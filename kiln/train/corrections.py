@@ -158,7 +158,15 @@ class CorrectionStore:
     def add(self, messages: list[dict[str, Any]], corrected: Any, *, request_id: str | None = None,
             original: dict[str, Any] | None = None, adapter: str | None = None,
             note: str | None = None) -> Correction:
-        conversation, trailing = split_conversation(messages)
+        """`original` given (the served answer of a recorded request): `messages` is the request's
+        conversation as sent, kept whole; otherwise a trailing assistant turn is the original."""
+        if original is not None:
+            problem = messages_problem(messages)
+            if problem:
+                raise invalid(problem, param="messages")
+            conversation, trailing = [dict(m) for m in messages], None
+        else:
+            conversation, trailing = split_conversation(messages)
         c = Correction(id="corr-" + uuid.uuid4().hex[:16], messages=conversation,
                        corrected=normalize_corrected(corrected), created_at=utc_now_rfc3339(),
                        request_id=request_id, original=original or trailing, adapter=adapter,

@@ -112,3 +112,9 @@ def job(state: str, gate: str | None = None) -> TrainJob:
 ])
 def test_a_job_trains_its_corrections_when_it_completes_and_its_adapter_may_serve(state, gate, expected):
     assert job_outcome(job(state, gate))[:2] == expected
+
+
+def test_a_served_conversation_is_kept_whole_when_its_answer_is_known(tmp_path):
+    prefilled = [*Q, {"role": "assistant", "content": "The capital is"}]
+    c = CorrectionStore(tmp_path).add(prefilled, "Quillton.", original={"role": "assistant", "content": " Paris"})
+    assert c.messages == prefilled and c.original == {"role": "assistant", "content": " Paris"}

@@ -128,7 +128,8 @@ async def add_correction(request: Request) -> JSONResponse:
                       param="request_id" if req.request_id is not None else "messages")
     original = adapter = None
     if req.request_id is not None:
-        messages, original, adapter = _served(state, req.request_id, req.prompt_index)
+        # off the loop: a request that left the ring is looked up in the request log's files
+        messages, original, adapter = await run_in_threadpool(_served, state, req.request_id, req.prompt_index)
     else:
         if req.prompt_index is not None:
             raise invalid("`prompt_index` names a prompt of a batch request; it needs `request_id`",
