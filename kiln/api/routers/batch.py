@@ -106,8 +106,11 @@ async def batch_completions(request: Request) -> JSONResponse:
         status = status_of(e.status)
         served.error = e.message
         raise
+    except Exception as e:
+        served.error = f"{type(e).__name__}: {e}"   # a bug: a 500 to the client, an error in the record
+        raise
     except BaseException:
-        served.cancelled = True
+        served.cancelled = True   # the client went away: the handler's task was cancelled
         raise
     finally:
         if metrics is not None:
