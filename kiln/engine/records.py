@@ -358,6 +358,11 @@ class CompletionRecorder:
                 return record_from_log_row(row)
         return rec
 
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until every record handed over so far is in the request log (True when there is none)."""
+        return self.request_log.flush(timeout) if self.request_log is not None else True
+
     def close(self) -> None:
+        """Flush the request log and stop its writer; later records still reach the ring. Idempotent."""
         if self.request_log is not None:
             self.request_log.close()
