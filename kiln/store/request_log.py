@@ -6,9 +6,10 @@ Files in the log directory, oldest first by name:
 
 `RequestLog.write(row)` never blocks and never raises: it puts the row on a bounded queue, and a full
 queue (the disk cannot keep up) drops the row and counts it, since stalling inference on a log would
-be the wrong trade. The writer thread drains the queue in batches: it appends each row as one line,
-then flushes and fsyncs once per batch, so a kill loses at most the rows not yet written -- never an
-earlier row -- and a torn last line is the only damage a crash can leave. At start the writer cuts a
+be the wrong trade. The writer thread drains the queue in batches: it appends each row as one line
+handed to the OS at once (a killed process loses at most the row mid-write, and whatever still waited
+in the queue, normally nothing), then fsyncs once per batch (what survives a power cut), so a torn
+last line is the only damage a crash can leave. At start the writer cuts a
 torn tail off the current file, so torn bytes never sit between whole lines.
 
 Rotation: the current file is renamed to a stamped name (directory fsynced), a fresh one is opened,
@@ -180,6 +181,7 @@ class RequestLog:
         try:
             line = self._encode(row) + b"\n"
             self._file.write(line)
+            self._file.flush()  # in the OS per row: a killed process loses only a row mid-write
             self._size += len(line)
             self.stats.written += 1
         except (OSError, TypeError, ValueError) as e:
