@@ -157,6 +157,16 @@ def test_limit_bounds_the_list_and_a_bad_limit_is_a_400(client):
     assert r.status_code == 400 and set(r.json()["error"]) == ERROR_KEYS and r.json()["error"]["param"] == "limit"
 
 
+def test_recent_requests_filter_by_status_and_kind(client):
+    chat(client, messages=[{"role": "user", "content": "word " * 400}])   # rejected
+    chat(client, max_tokens=1)
+    rejected = recent(client, status="rejected")
+    assert rejected and all(r["status"] == "rejected" for r in rejected)
+    assert all(r["kind"] == "chat" for r in recent(client, kind="chat"))
+    r = client.get("/v1/stats/recent-requests", params={"status": "weird"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "status"
+
+
 def test_a_batch_is_one_record_with_its_prompts(client, served):
     r = client.post("/v1/completions/batch", json={"prompts": [MSG, [{"role": "user", "content": "Hi"}]],
                                                    "n": 2, "max_tokens": 3, "temperature": 0})

@@ -1,4 +1,5 @@
-"""Live statistics: GET /v1/stats/recent-requests (the last finished requests) and /v1/stats/decode.
+"""Live statistics: GET /v1/stats/recent-requests (the last finished requests, newest first; `?limit=`,
+`?status=ok|rejected|error|timeout|cancelled`, `?kind=chat|batch`) and GET /v1/stats/decode.
 
 Services (built by `init` unless a test put its own first):
   state.services["recorder"]   CompletionRecorder: the recent-request ring, the request log when
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from kiln.api.routers.metrics import metrics_for
 from kiln.api.state import ServerState, get_state
-from kiln.engine.records import CompletionRecorder, RecentRequests
+from kiln.engine.records import STATUSES, CompletionRecorder, RecentRequests
 from kiln.errors import KilnError
 from kiln.store.request_log import RequestLog
 
@@ -68,9 +69,20 @@ async def recent_requests(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [], "capacity": 0})
     ring = recorder.ring
     limit = _limit(request, ring.capacity)
+    status = _choice(request, "status", STATUSES)
+    kind = _choice(request, "kind", ("chat", "batch"))
     preview = state.settings.stats.preview_chars
-    return JSONResponse({"object": "list", "data": [r.recent(preview) for r in ring.list(limit)],
+    rows = [r for r in ring.list() if (status is None or r.status == status) and (kind is None or r.kind == kind)]
+    return JSONResponse({"object": "list", "data": [r.recent(preview) for r in rows[:limit]],
                          "capacity": ring.capacity})
+
+
+def _choice(request: Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    value = request.query_params.get(name)
+    if value is not None and value not in allowed:
+        raise KilnError(400, "invalid_request", f"{name} must be one of {', '.join(allowed)}, got {value!r}",
+                        param=name, hint=f"Send ?{name}={allowed[0]}, or leave it out for all.")
+    return value
 
 
 @router.get("/v1/stats/decode")
