@@ -81,6 +81,8 @@ class EvalSettings:
 class TrainingSettings:
     max_queued_jobs: int = 8
     max_tracked_jobs: int = 256
+    # Receives every job's terminal state (semantics.md §12.2); a job's own webhook_url overrides it.
+    webhook_url: str | None = None
 
 
 @dataclass

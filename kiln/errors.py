@@ -83,3 +83,9 @@ def not_found(code: str, message: str, *, param: str | None = None, hint: str | 
 
 def conflict(code: str, message: str, *, param: str | None = None, hint: str | None = None) -> KilnError:
     return KilnError(409, code, message, param=param, hint=hint)
+
+
+def model_loading() -> KilnError:
+    """503 while the weights load (every route that needs the model answers this one error)."""
+    return KilnError(503, "model_loading", "the model is still loading", hint="Retry when GET /health answers 200.",
+                     headers={"Retry-After": "5"})

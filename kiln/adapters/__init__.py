@@ -1,7 +1,10 @@
 """LoRA adapters: the PEFT-format store, compatibility checks, merge, composition and archives.
 
-The API keeps one AdapterStore in `state.services["adapter_store"]`, the default-adapter holder in
-`state.services["adapters_active"]` and the composition cache in `state.services["adapter_compose_cache"]`.
+The API keeps one AdapterStore in `state.services.adapter_store`, the default-adapter holder in
+`state.services.adapters_active` and the composition cache in `state.services.adapter_compose_cache`;
+the engine resolves a request's adapter against them (kiln.engine.adapter_resolver).
+
+Imports: torch and safetensors (the factors), kiln.core, kiln.model, kiln.store, kiln.config / kiln.errors.
 """
 
 from kiln.adapters.active import ActiveAdapter, model_spec_for

@@ -43,7 +43,7 @@ from kiln.adapters.peft_format import (
     peft_key,
 )
 from kiln.errors import KilnError
-from kiln.store.atomic import atomic_write_json, fsync_dir
+from kiln.store.atomic import atomic_write_json, fsync_path
 from kiln.store.names import validate_name
 
 NAME_CODE = "invalid_adapter_name"
@@ -84,21 +84,13 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root):
         for f in filenames:
             p = Path(dirpath, f)
             if p.is_file() and not p.is_symlink():
-                _fsync_file(p)
-        fsync_dir(Path(dirpath))
+                fsync_path(p)
+        fsync_path(Path(dirpath))
 
 
 class AdapterStore:
@@ -249,7 +241,7 @@ class AdapterStore:
         with self._lock:
             trash = self.root / f".trash-{uuid.uuid4().hex}"
             os.rename(path, trash)
-            fsync_dir(self.root)
+            fsync_path(self.root)
         self._hashes.forget(path)
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -307,7 +299,7 @@ class AdapterStore:
                 if trash is not None:
                     os.rename(trash, dest)
                 raise
-            fsync_dir(self.root)
+            fsync_path(self.root)
         self._hashes.forget(dest)
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.errors import KilnError
+from kiln.store.strict_json import loads_strict
 
 log = logging.getLogger("kiln.api")
 
@@ -59,12 +60,24 @@ def parse_model(model: type[M], data: Any, *, code: str = "invalid_request", pre
         raise validation_error_to_kiln(exc, code, prefix) from None
 
 
-async def read_json_body(request: Request, *, code: str = "invalid_request", prefix: str = "") -> Any:
+async def read_json_body(request: Request, *, code: str = "invalid_request", prefix: str = "",
+                         max_bytes: int | None = None, what: str = "request body", hint: str | None = None,
+                         optional: bool = False) -> Any:
+    """The body as strict JSON (400 naming the problem); with `max_bytes`, a larger body is a 413 (the
+    declared length is checked before anything is read); `optional`: an empty body is None."""
+    if max_bytes is not None:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            raise _too_large(code, prefix, what, max_bytes, hint)
     raw = await request.body()
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise _too_large(code, prefix, what, max_bytes, hint)
+    if optional and not raw.strip():
+        return None
     if not raw.strip():
         raise KilnError(400, code, f"{prefix}request body is empty; expected a JSON object")
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        body = loads_strict(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise KilnError(400, code, f"{prefix}request body is not valid JSON: {e}",
                         hint="Send a JSON object with Content-Type: application/json.") from None
@@ -72,8 +85,13 @@ async def read_json_body(request: Request, *, code: str = "invalid_request", pre
     return body
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} is not allowed")
+async def parse_body(request: Request, model: type[M], *, code: str, prefix: str = "") -> M:
+    """`read_json_body` then `parse_model`: the request body as `model`, or a 400 naming the field."""
+    return parse_model(model, await read_json_body(request, code=code, prefix=prefix), code=code, prefix=prefix)
+
+
+def _too_large(code: str, prefix: str, what: str, max_bytes: int, hint: str | None) -> KilnError:
+    return KilnError(413, code, f"{prefix}{what} is larger than {max_bytes >> 20} MiB", hint=hint)
 
 
 def install_error_handlers(app: FastAPI) -> None:

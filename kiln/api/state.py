@@ -1,25 +1,66 @@
-"""What the routers reach through `request.app.state.kiln`: settings and the long-lived services."""
+"""What the routers reach through `request.app.state.kiln`: settings, the engine and the typed services."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
+from kiln.api.services import Services
 from kiln.config import Settings
+from kiln.errors import model_loading
+
+if TYPE_CHECKING:
+    from kiln.engine.chat_response import FinishedCompletion
+    from kiln.engine.serving import Engine
 
 
-@dataclass
 class ServerState:
-    settings: Settings
-    started_at: float = field(default_factory=time.time)
-    # The AsyncEngine once the model has loaded; None while loading (health answers 503).
-    engine: Any = None
-    load_error: str | None = None
-    # Stores and job managers, filled by create_app; each router documents what it needs.
-    services: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.started_at = time.time()
+        self.load_error: str | None = None
+        # Stores and job managers (kiln.api.services), built by the routers' `init` in dependency order.
+        self.services = Services()
+        self._engine: Engine | None = None
+        self.engine = engine
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine once the model has loaded; None while loading (health answers 503)."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine | None) -> None:
+        self._engine = engine
+        observers = getattr(engine, "observers", None)  # a test's stand-in engine may have none
+        if observers is not None and self not in observers:
+            observers.append(self)
+
+    def require_engine(self) -> Engine:
+        if self._engine is None:
+            raise model_loading()
+        return self._engine
+
+    def attach_adapters(self) -> None:
+        """Let the engine serve the stored adapters (once both exist)."""
+        s = self.services
+        if self._engine is not None and s.adapter_store is not None:
+            self._engine.attach_adapters(s.adapter_store, s.adapter_compose_cache, s.adapters_active)
+
+    # -- kiln.engine.serving.CompletionObserver: fan out to the services that observe completions ---
+    def completion_started(self) -> None:
+        if self.services.metrics is not None:
+            self.services.metrics.completion_started()
+
+    def completion_finished(self, done: FinishedCompletion) -> None:
+        if self.services.metrics is not None:
+            self.services.metrics.completion_finished(done)
+        if self.services.recorder is not None:
+            from kiln.engine.records import record_from_finished
+
+            self.services.recorder.finished(record_from_finished(done))
 
 
 def get_state(request: Request) -> ServerState:

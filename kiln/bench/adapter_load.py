@@ -22,8 +22,8 @@ ADAPTER_PREFIX = "kiln-bench-lora"
 
 def model_config(model_path: str):
     """The served model's shapes, read from the same file the server loads (no weights)."""
-    from kiln.engine.tokenizer import read_gguf_metadata
     from kiln.model.config import ModelConfig
+    from kiln.model.gguf_file import read_gguf_metadata
 
     p = Path(model_path)
     if p.is_file():

@@ -50,6 +50,16 @@ class BenchEngine:
     def close(self) -> None:
         """Release processes and memory. Called once at the end, also after a failure."""
 
+    def _stop_server(self) -> None:
+        """Stop the server process this engine started (`self.server`) and remove its scratch folder."""
+        server, tmp = getattr(self, "server", None), getattr(self, "_tmp", None)
+        if server is not None:
+            server.stop()
+            self.server = None
+        if tmp is not None:
+            tmp.cleanup()
+            self._tmp = None
+
     def warmup(self, prompt: BenchPrompt) -> None:
         self.single(prompt, 8)
 
@@ -118,9 +128,4 @@ class KilnServerEngine(HttpEngine):
         self.endpoint.model = asyncio.run(client_load.discover_model(self.endpoint))
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        self._stop_server()

@@ -91,12 +91,7 @@ class LlamaCppEngine(BenchEngine):
 
     def close(self) -> None:
         self.llm = None
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        self._stop_server()
         self._http = None
 
     def single(self, prompt: BenchPrompt, max_tokens: int) -> SingleRun:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import stat
 import sys
@@ -14,7 +13,7 @@ from urllib.parse import quote
 
 import httpx
 
-from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
+from kiln.commands.client import ServerClient, ServerError, add_url_argument, printed_json, run_client_command
 
 
 def register(sub) -> None:
@@ -49,8 +48,7 @@ def register(sub) -> None:
 
 def _list(client: ServerClient, args) -> int:
     data = client.get("/v1/adapters")
-    if args.json:
-        print(json.dumps(data, indent=2))
+    if printed_json(args, data):
         return 0
     active = data.get("active")
     print(f"active: {active or 'base'}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -61,6 +62,26 @@ class ServerClient:
 
     def delete(self, path: str, **kw: Any) -> Any:
         return self.request("DELETE", path, **kw).json()
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def printed_json(args, value: Any) -> bool:
+    """With --json, print `value` as JSON and say so (the caller returns); otherwise print nothing."""
+    if getattr(args, "json", False):
+        print_json(value)
+        return True
+    return False
+
+
+def add_list_command(cmds, func, help_text: str):
+    """A `list` sub-command with --json, run against the server."""
+    ls = cmds.add_parser("list", help=help_text)
+    ls.add_argument("--json", action="store_true", help="print the raw JSON response")
+    ls.set_defaults(func=lambda a: run_client_command(func, a))
+    return ls
 
 
 def run_client_command(func, args) -> int:

@@ -12,7 +12,14 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, add_url_argument, run_client_command
+from kiln.commands.client import (
+    ServerClient,
+    add_list_command,
+    add_url_argument,
+    print_json,
+    printed_json,
+    run_client_command,
+)
 
 # Below this size an upload finishes before a progress bar would be worth drawing.
 PROGRESS_MIN_BYTES = 1 << 20
@@ -30,9 +37,7 @@ def register(sub) -> None:
     up.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     up.set_defaults(func=lambda a: run_client_command(_upload, a))
 
-    ls = cmds.add_parser("list", help="list datasets, newest first")
-    ls.add_argument("--json", action="store_true", help="print the raw JSON response")
-    ls.set_defaults(func=lambda a: run_client_command(_list, a))
+    ls = add_list_command(cmds, _list, "list datasets, newest first")
 
     show = cmds.add_parser("show", help="print a dataset manifest, optionally with its first rows")
     show.add_argument("name")
@@ -58,10 +63,6 @@ def register(sub) -> None:
 
 def _q(segment: str) -> str:
     return quote(segment, safe="")
-
-
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
 class ProgressReader:
@@ -112,8 +113,7 @@ def _upload(client: ServerClient, args) -> int:
 
 def _list(client: ServerClient, args) -> int:
     body = client.get("/v1/eval/datasets")
-    if args.json:
-        _print_json(body)
+    if printed_json(args, body):
         return 0
     table = Table("name", "format", "rows", "train", "val", "holdout", "updated", "description")
     for m in body["datasets"]:
@@ -125,7 +125,7 @@ def _list(client: ServerClient, args) -> int:
 
 
 def _show(client: ServerClient, args) -> int:
-    _print_json(client.get(f"/v1/eval/datasets/{_q(args.name)}"))
+    print_json(client.get(f"/v1/eval/datasets/{_q(args.name)}"))
     if args.rows:
         params: dict[str, Any] = {"limit": args.rows}
         if args.split:
@@ -143,8 +143,7 @@ def _split(client: ServerClient, args) -> int:
     if any(v is not None for v in changes.values()):
         config = {**manifest["config"], **{k: v for k, v in changes.items() if v is not None}}
         manifest = client.put(path, json=config)
-    if args.json:
-        _print_json(manifest)
+    if printed_json(args, manifest):
         return 0
     cfg, c = manifest["config"], manifest["counts"]
     print(f"{args.name}: seed {cfg['seed']}, {cfg['train_percent']}% train / {cfg['validation_percent']}% validation")

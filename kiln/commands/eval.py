@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
+from kiln.commands.client import ServerClient, ServerError, add_url_argument, printed_json, run_client_command
 from kiln.errors import KilnError
 
 POLL_SECONDS = 0.5
@@ -304,8 +304,7 @@ def _replay(client: ServerClient, args) -> int:
 
 def _jobs(client: ServerClient, args) -> int:
     body = client.get("/v1/eval/jobs")
-    if args.json:
-        print(json.dumps(body, indent=2, ensure_ascii=False))
+    if printed_json(args, body):
         return 0
     table = Table(title="Eval jobs (newest first)", title_justify="left")
     table.add_column("job", no_wrap=True)

@@ -10,7 +10,13 @@ from urllib.parse import quote
 from rich.console import Console
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, add_url_argument, run_client_command
+from kiln.commands.client import (
+    ServerClient,
+    add_list_command,
+    add_url_argument,
+    printed_json,
+    run_client_command,
+)
 
 
 def register(sub) -> None:
@@ -22,9 +28,7 @@ def register(sub) -> None:
     create.add_argument("--description")
     create.set_defaults(func=lambda a: run_client_command(_create, a))
 
-    ls = cmds.add_parser("list", help="list judgment sets")
-    ls.add_argument("--json", action="store_true", help="print the raw JSON response")
-    ls.set_defaults(func=lambda a: run_client_command(_list, a))
+    ls = add_list_command(cmds, _list, "list judgment sets")
 
     append = cmds.add_parser("append", help="append judgments (from flags, or a JSON / JSONL file of bodies)")
     append.add_argument("name")
@@ -108,8 +112,7 @@ def _create(client: ServerClient, args) -> int:
 
 def _list(client: ServerClient, args) -> int:
     body = client.get("/v1/judgments")
-    if args.json:
-        print(json.dumps(body, indent=2, ensure_ascii=False))
+    if printed_json(args, body):
         return 0
     table = Table("name", "rows", "a", "b", "tie", "skip", "compiled split", "updated", "description")
     for m in body["judgments"]:

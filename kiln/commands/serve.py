@@ -44,6 +44,13 @@ def _overrides(args) -> dict[str, dict]:
     return out
 
 
+def uvicorn_config(settings, app):
+    import uvicorn
+
+    return uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
+                          log_level=settings.server.log_level, timeout_graceful_shutdown=5)
+
+
 def _run(args) -> int:
     try:
         settings = load_settings(args.config, _overrides(args))
@@ -56,21 +63,16 @@ def _run(args) -> int:
 
     from kiln.api.app import create_app
     from kiln.api.state import ServerState
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
 
     state = ServerState(settings=settings)
     app = create_app(settings, state)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                                           log_level=settings.server.log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(settings, app))
 
     def load() -> None:
         try:
-            engine = build_serving_engine(settings)
-            services = state.services
-            if "adapter_store" in services:
-                engine.attach_adapters(services["adapter_store"], services.get("adapter_compose_cache"),
-                                       services.get("adapters_active"))
-            state.engine = engine
+            state.engine = build_engine(settings)
+            state.attach_adapters()
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"
@@ -80,12 +82,12 @@ def _run(args) -> int:
         # Measured, not understood: with 2 torch threads on CPU, decode ran ~10x slower (1 vs 13 tok/s on
         # SmolLM2) when the thread that loaded the weights either exited or became the actor itself.
         # Keeping it parked, with the actor on its own thread, is the fast arrangement.
-        engine.actor.join()
+        state.engine.join()
 
     # Load in the background so /health can answer 503 while the weights load.
     threading.Thread(target=load, name="kiln-load", daemon=True).start()
     server.run()
-    recorder = state.services.get("recorder")
+    recorder = state.services.recorder
     if recorder is not None:
         recorder.close()  # the request log writes what is queued
     if state.engine is not None:

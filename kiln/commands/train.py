@@ -19,7 +19,7 @@ from urllib.parse import quote
 from rich.console import Console
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
+from kiln.commands.client import ServerClient, ServerError, add_url_argument, printed_json, run_client_command
 from kiln.commands.train_follow import EXIT_HELP, TERMINAL, follow, report
 
 
@@ -224,8 +224,7 @@ def _status(client: ServerClient, args) -> int:
         print(json.dumps(status, indent=2))
         return 0
     jobs = client.get("/v1/train/status")
-    if args.json:
-        print(json.dumps(jobs, indent=2))
+    if printed_json(args, jobs):
         return 0
     table = Table("job", "type", "state", "progress", "loss", "adapter", "gate", "submitted")
     for j in jobs:
@@ -239,8 +238,7 @@ def _status(client: ServerClient, args) -> int:
 
 def _queue(client: ServerClient, args) -> int:
     view = client.get("/v1/train/queue")
-    if args.json:
-        print(json.dumps(view, indent=2))
+    if printed_json(args, view):
         return 0
     running = view.get("running")
     print(f"running: {running['job_id']} ({running['adapter_name']}, {100 * running['progress']:.0f}%)"

@@ -192,12 +192,15 @@ def _first_problem(p: SamplingParams) -> tuple[str, str, str] | None:
         problem = in_range(name, 0.0, 1.0)
         if problem:
             return problem
-    if not isinstance(p.top_k, int) or isinstance(p.top_k, bool) or p.top_k < 0:
-        return (
-            "top_k",
-            f"top_k must be an integer >= 0, got {p.top_k!r}",
-            "Use 0 to turn top-k filtering off.",
-        )
+    def whole(name: str, hint: str) -> tuple[str, str, str] | None:
+        value = getattr(p, name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return None
+        return name, f"{name} must be an integer >= 0, got {value!r}", hint
+
+    problem = whole("top_k", "Use 0 to turn top-k filtering off.")
+    if problem:
+        return problem
     if not _is_number(p.repetition_penalty) or p.repetition_penalty <= 0:
         return (
             "repetition_penalty",
@@ -208,12 +211,9 @@ def _first_problem(p: SamplingParams) -> tuple[str, str, str] | None:
         problem = in_range(name, -2.0, 2.0)
         if problem:
             return problem
-    if not isinstance(p.max_tokens, int) or isinstance(p.max_tokens, bool) or p.max_tokens < 0:
-        return (
-            "max_tokens",
-            f"max_tokens must be an integer >= 0, got {p.max_tokens!r}",
-            "Send a non-negative max_tokens, or leave it out for the default.",
-        )
+    problem = whole("max_tokens", "Send a non-negative max_tokens, or leave it out for the default.")
+    if problem:
+        return problem
     if p.seed is not None and (
         not isinstance(p.seed, int) or isinstance(p.seed, bool) or not 0 <= p.seed <= U64_MAX
     ):

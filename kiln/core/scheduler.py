@@ -29,6 +29,11 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens fed this step, starting at seq.num_computed_tokens
     sample: bool  # the chunk reaches the end: sample one token for it
 
+    @property
+    def is_prefill(self) -> bool:
+        """A prompt chunk (a first prefill, or a preempted sequence's recompute), not a decode."""
+        return self.num_new_tokens > 1 or self.seq.num_computed_tokens < self.seq.num_prompt_tokens
+
 
 @dataclass
 class SchedulerOutput:

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.core.brackets import matching_close
+
 TAG_OPEN = "<tool_call>"
 TAG_CLOSE = "</tool_call>"
 
@@ -196,29 +198,6 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _balanced_end(text: str, start: int) -> int:
-    """Index just past the object opening at `start`, or -1 when it never balances."""
-    depth, in_str, escaped = 0, False, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return -1
-
-
 def _looks_like_call(candidate: str) -> bool:
     head = candidate[:_SNIFF_CHARS]
     if "tool_call" in head or "function" in head:
@@ -229,8 +208,8 @@ def _looks_like_call(candidate: str) -> bool:
 def _embedded_json_calls(text: str) -> list[ParsedToolCall]:
     i = text.find("{")
     while i >= 0:
-        end = _balanced_end(text, i)
-        if end < 0:
+        end = matching_close(text, i)
+        if end is None:
             return []
         candidate = text[i:end]
         if _looks_like_call(candidate):

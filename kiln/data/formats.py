@@ -7,11 +7,11 @@ completions, `raw` accepts any line (a non-JSON line counts as the JSON string o
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from kiln.errors import KilnError
+from kiln.store.strict_json import loads_strict
 
 SFT_CHAT, GRPO_GROUPS, RAW = "sft_chat", "grpo_groups", "raw"
 CANONICAL_FORMATS = (SFT_CHAT, GRPO_GROUPS, RAW)
@@ -33,15 +33,6 @@ def normalize_format(value: str | None) -> str:
         raise invalid(f"unknown format `{key}`", param="format",
                       hint="Use one of sft_chat, sft, grpo_groups, grpo, raw.")
     return FORMAT_ALIASES[key]
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} is not valid JSON")
-
-
-def loads_strict(text: str) -> Any:
-    """json.loads that refuses NaN/Infinity, which no other JSON reader accepts."""
-    return json.loads(text, parse_constant=_reject_constant)
 
 
 def message_problem(msg: Any, where: str) -> str | None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kiln.data.formats import RAW, check_row, invalid, loads_strict, parse_row
+from kiln.data.formats import RAW, check_row, invalid, parse_row
 from kiln.data.identity import content_sha256, normalized_sha256, row_link_id
 from kiln.data.split import RowIdentity
 from kiln.data.stats import StatsAccumulator
+from kiln.store.strict_json import loads_strict
 
 CHUNK = 1 << 20
 

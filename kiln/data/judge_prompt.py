@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.core.messages import message_text
+
 JUDGE_SYSTEM_PROMPT = (
     "You are an impartial judge. Compare two assistant replies to the same conversation and decide "
     "which one is better. Output `Winner: A`, `Winner: B`, or `Winner: Tie` on the first line, "
@@ -16,23 +18,6 @@ JUDGE_SYSTEM_PROMPT = (
 JUDGE_INSTRUCTION = "Which reply is better? Answer with `Winner: A`, `Winner: B`, or `Winner: Tie`."
 WINNER_REGEX = r"(?i)Winner:\s*(A|B|Tie)"
 LABELS = {"a": "A", "b": "B", "tie": "Tie"}
-
-
-def message_text(content: Any) -> str:
-    """Plain text of a message's content: strings as they are, text parts joined, null empty."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "".join(parts)
-    return str(content)
 
 
 def render_judge_prompt(prompt: list[dict[str, Any]], response_a: str, response_b: str) -> str:

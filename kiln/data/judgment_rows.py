@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.data.judge_prompt import message_text
+from kiln.core.messages import message_text
 from kiln.errors import KilnError
 from kiln.store.names import name_problem
 

@@ -15,7 +15,7 @@ from typing import Any
 from kiln.data.identity import corpus_sha256, normalized_corpus_sha256
 from kiln.data.ingest import ScanResult, iter_values
 from kiln.data.split import SPLITS, SplitConfig, assign_splits, build_split_manifest, split_manifest_bytes
-from kiln.store.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
+from kiln.store.atomic import atomic_write_bytes, atomic_write_json, fsync_path
 from kiln.store.hashing import sha256_hex
 
 SCHEMA_VERSION = 2
@@ -81,7 +81,7 @@ def write_partitions(staging: Path, fmt: str, splits: list[str]) -> None:
     finally:
         for f in files.values():
             f.close()
-    fsync_dir(staging)
+    fsync_path(staging)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -1,8 +1,9 @@
 """The eval Generator over the in-process serving engine (kiln.evals.generator.Generator).
 
-Each request is rendered with the model's chat template, sampled with its own seed and, when a
-thinking budget applies, driven by a budget controller, exactly as a chat request would be. All
-requests of a batch are submitted together so the engine schedules them in the same steps.
+Each request becomes the chat request it is (`chat_input`) and goes through the same preparation
+(`kiln.engine.chat_request.prepare_chat`) and generation (`chat_response.collect`) as POST
+/v1/chat/completions. All requests of a batch are submitted together so the engine schedules them in
+the same steps.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +19,11 @@ import torch
 
 from kiln import __version__
 from kiln.config import ServerSettings
-from kiln.core.budget_controller import ThinkingBudgetController
-from kiln.core.sampling import SamplingParams, validate_sampling
-from kiln.core.thinking_budget import (
-    EffectiveBudget,
-    ServerBudgetDefaults,
-    budget_record,
-    check_budget_request,
-    resolve_budget,
-)
-from kiln.core.thinking_mode import detect_thinking_mode, effective_template_kwargs
-from kiln.engine.serving import ServingEngine
+from kiln.core.thinking_budget import ServerBudgetDefaults, resolve_budget
+from kiln.engine.chat_request import AdapterSelection, ChatInput, PreparedChat, prepare_chat, resolve_adapter
+from kiln.engine.chat_response import collect
+from kiln.engine.lora_slots import AdapterTarget
+from kiln.engine.serving import Engine
 from kiln.errors import KilnError
 from kiln.evals.generator import GenerationRequest, GenerationResult, GeneratorIdentity
 from kiln.store.hashing import sha256_file, sha256_tagged
@@ -37,20 +31,27 @@ from kiln.store.hashing import sha256_file, sha256_tagged
 CODE = "eval_invalid_request"
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
 _NO_BUDGET = resolve_budget({}, ServerBudgetDefaults())
+# An eval's GenerationParams fix every sampling field: what it does not name is neutral, never a preset's
+# or the model's generation_config default.
+_NEUTRAL_SAMPLING = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
-@dataclass
-class _Prepared:
-    prompt_ids: list[int]
-    params: SamplingParams
-    budget: EffectiveBudget
-    applies: bool
-    controllers: list[ThinkingBudgetController | None] | None
-    thinking: bool
+def chat_input(req: GenerationRequest) -> ChatInput:
+    """The chat request an eval generation request is: the same preparation, the same engine work."""
+    return ChatInput(
+        messages=req.messages, tools=list(req.tools) or None,
+        sampling={**_NEUTRAL_SAMPLING, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+                  "max_tokens": req.max_tokens, "seed": req.seed},
+        stop=list(req.stop), chat_template_kwargs=req.chat_template_kwargs,
+        budget=req.thinking_budget or _NO_BUDGET,
+        # adapter None is the base model, never the server's active default
+        adapter=AdapterSelection(adapter=req.adapter, adapter_given=True),
+        stop_after_tool_call=False, code=CODE,
+    )
 
 
 class LocalEngineGenerator:
-    def __init__(self, engine: ServingEngine, server: ServerSettings) -> None:
+    def __init__(self, engine: Engine, server: ServerSettings) -> None:
         self.engine = engine
         self.server = server
         self._identity: GeneratorIdentity | None = None
@@ -69,62 +70,34 @@ class LocalEngineGenerator:
         return self._identity
 
     # -- one request ----------------------------------------------------------------------------------
-    def _prepare(self, req: GenerationRequest) -> _Prepared:
-        engine = self.engine
-        kwargs = effective_template_kwargs(req.chat_template_kwargs,
-                                           default_thinking_enabled=self.server.default_thinking_enabled)
-        prompt = engine.render_chat(req.messages, tools=req.tools or None, template_kwargs=kwargs)
-        ids = engine.encode_prompt(prompt)
-        ceiling = engine.info.max_model_len
-        if len(ids) >= ceiling:
-            raise KilnError(400, "context_length_exceeded",
-                            f"the prompt has {len(ids)} tokens; this model's context is {ceiling}")
-        base = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                              max_tokens=min(req.max_tokens, ceiling - len(ids)), stop=list(req.stop), seed=req.seed)
-        validate_sampling(base, code=CODE)
-        params = engine.choice_params(base, 1)[0]
-        thinking = detect_thinking_mode(prompt).thinking_enabled
-        budget = req.thinking_budget or _NO_BUDGET
-        close_ids = engine.close_think_ids
-        applies = check_budget_request(budget, thinking_enabled=thinking, max_tokens=params.max_tokens,
-                                       stops=req.stop, close_ids=close_ids,
-                                       close_decoded=engine.tokenizer.decode(close_ids), code=CODE)
-        controllers: list[ThinkingBudgetController | None] | None = None
-        if applies:
-            controllers = [ThinkingBudgetController(close_ids, max_thinking_tokens=budget.max_tokens,
-                                                    max_time_ms=budget.max_time_ms,
-                                                    max_completion_tokens=params.max_tokens)]
-        return _Prepared(ids, params, budget, applies, controllers, thinking)
+    def prepare(self, req: GenerationRequest, target: AdapterTarget | None) -> PreparedChat:
+        request_id = f"eval-{req.label or 'request'}-{uuid.uuid4().hex[:8]}"
+        return prepare_chat(self.engine, chat_input(req), self.server, request_id=request_id, target=target)
 
     async def _one(self, req: GenerationRequest) -> GenerationResult:
         started = time.perf_counter()
+        inp = chat_input(req)
         try:
-            target = self.engine.resolve_adapter(adapter_given=True, adapter=req.adapter, adapters=None) \
-                if req.adapter else None
+            target = resolve_adapter(self.engine, inp.adapter)
         except KilnError as e:
             return GenerationResult.failed(f"adapter {req.adapter!r} cannot be applied: {e.message}")
         try:
             # Rendering and tokenizing thousands of prompts must not stall the server's event loop.
-            prep = await asyncio.to_thread(self._prepare, req)
+            prep = await asyncio.to_thread(self.prepare, req, target)
         except KilnError as e:
             return GenerationResult.failed(f"prepare failed: {e.message}")
         except Exception as e:  # noqa: BLE001 - a template that raises fails this example only
             return GenerationResult.failed(f"prepare failed: {type(e).__name__}: {e}")
-        text, tokens, finish, outcome = "", 0, "stop", None
-        request_id = f"eval-{req.label or 'request'}-{uuid.uuid4().hex[:8]}"
-        async for ev in self.engine.generate(prep.prompt_ids, [prep.params], request_id, prep.controllers,
-                                            target):
-            if ev.error:
-                return GenerationResult.failed(f"generation failed: {ev.error}",
-                                               latency_ms=_ms_since(started), prompt_tokens=len(prep.prompt_ids))
-            text += ev.text
-            tokens += len(ev.token_ids)
-            if ev.finish_reason:
-                finish, outcome = ev.finish_reason, ev.budget_outcome
-        record = budget_record(prep.budget, applied=prep.applies, outcome=outcome if prep.applies else None)
-        return GenerationResult(text=text, prompt_tokens=len(prep.prompt_ids), completion_tokens=tokens,
-                                latency_ms=_ms_since(started), finish_reason=finish, thinking_budget=record,
-                                prompt_starts_in_reasoning=prep.thinking)
+        try:
+            (out,) = await collect(self.engine, prep)
+        except KilnError as e:
+            return GenerationResult.failed(e.message, latency_ms=_ms_since(started),
+                                           prompt_tokens=len(prep.prompt_ids))
+        record = prep.budget_record(out.outcome if prep.budget_applies else None)
+        return GenerationResult(text=out.text, prompt_tokens=len(prep.prompt_ids),
+                                completion_tokens=len(out.token_ids), latency_ms=_ms_since(started),
+                                finish_reason=out.finish_reason, thinking_budget=record,
+                                prompt_starts_in_reasoning=prep.thinking_enabled)
 
     # -- identity -------------------------------------------------------------------------------------
     def execution_provenance(self) -> dict[str, Any]:

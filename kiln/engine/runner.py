@@ -43,7 +43,6 @@ class ModelRunner:
         self.kv_cache = KVCache(model.config, num_blocks, block_size, kv_dtype, device)
         self.sampler = Sampler()
         self._generators: dict[int, torch.Generator] = {}
-        self.last_timing = StepTiming(0.0, 0.0, 0.0)
 
     @property
     def backend(self) -> str:
@@ -81,13 +80,13 @@ class ModelRunner:
         return compute_prompt_scores(self.model, token_ids, top_k)
 
     @torch.inference_mode()
-    def step(self, out: SchedulerOutput) -> dict[int, StepResult]:
+    def step(self, out: SchedulerOutput) -> tuple[dict[int, StepResult], StepTiming]:
+        """Sampled tokens by seq id, and how long the step's parts took."""
         if not out.items:
-            return {}
+            return {}, StepTiming(0.0, 0.0, 0.0)
         clock = _StepClock(self.device)
         # prompt chunks (first prefill or a preempted sequence's recompute) make this a prefill step
-        had_prefill = any(it.num_new_tokens > 1 or it.seq.num_computed_tokens < it.seq.num_prompt_tokens
-                          for it in out.items)
+        had_prefill = any(it.is_prefill for it in out.items)
         input_ids: list[int] = []
         meta_items = []
         for item in out.items:
@@ -113,8 +112,7 @@ class ModelRunner:
                 sampled_items.append(item)
         if not rows:
             (forward_ms,) = clock.finish()
-            self.last_timing = StepTiming(forward_ms, 0.0, 0.0, had_prefill)
-            return {}
+            return {}, StepTiming(forward_ms, 0.0, 0.0, had_prefill)
         # a decode-only step samples every row: no gather (an indexing op costs more than the copy)
         picked = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
         logits = self.model.compute_logits(picked, packed_ok=True)
@@ -130,8 +128,8 @@ class ModelRunner:
         tokens_l = tokens.tolist()
         logprobs_l = logprobs.tolist()
         forward_ms, sampling_ms, readback_ms = clock.finish()
-        self.last_timing = StepTiming(forward_ms, sampling_ms, readback_ms, had_prefill)
-        return {s.seq_id: StepResult(t, lp) for s, t, lp in zip(seqs, tokens_l, logprobs_l, strict=True)}
+        results = {s.seq_id: StepResult(t, lp) for s, t, lp in zip(seqs, tokens_l, logprobs_l, strict=True)}
+        return results, StepTiming(forward_ms, sampling_ms, readback_ms, had_prefill)
 
 
 class _StepClock:

@@ -1,4 +1,5 @@
-"""Build the serving stack from settings: weights, tokenizer, chat template, KV pool, actor."""
+"""The server-facing `Engine` and `build_engine`, which builds it from settings: weights, tokenizer, chat
+template, KV pool, the batching actor."""
 
 from __future__ import annotations
 
@@ -6,18 +7,20 @@ import logging
 import os
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from kiln.config import Settings
+from kiln.core.block_manager import PrefixCacheStats
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
+from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
 from kiln.engine.adapter_resolver import AdapterResolver
 from kiln.engine.chat_template import ChatTemplate
-from kiln.engine.engine import AsyncEngine, GenerationRequest, LLMEngine
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.provenance import PolicyIdentity, ServingIdentity, serving_identity, tagged
 from kiln.engine.runner import ModelRunner
@@ -28,6 +31,10 @@ from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.loader import LoadedWeights, default_model_path, load_model
+from kiln.model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from kiln.engine.chat_response import FinishedCompletion
 
 log = logging.getLogger("kiln.engine")
 
@@ -120,10 +127,19 @@ def _generation_defaults(path: Path) -> dict[str, Any]:
     return {k: data[k] for k in keys if isinstance(data.get(k), (int, float))}
 
 
-class ServingEngine:
-    """Everything the API needs from the model: tokenizer, template, limits and `generate`."""
+class CompletionObserver(Protocol):
+    """Told when a chat or batch completion starts running and when it is finished (any outcome)."""
 
-    def __init__(self, info: ModelInfo, tokenizer: Tokenizer, template: ChatTemplate, actor: LLMEngine,
+    def completion_started(self) -> None: ...
+
+    def completion_finished(self, done: FinishedCompletion) -> None: ...
+
+
+class Engine:
+    """The server-facing engine: tokenizer, template, limits, adapter resolution, `submit`, health and
+    stats. It owns the batching actor (`EngineActor`) and talks to it only through its queues."""
+
+    def __init__(self, info: ModelInfo, tokenizer: Tokenizer, template: ChatTemplate, actor: EngineActor,
                  weights: LoadedWeights, identity: ServingIdentity | None = None,
                  effective_config: dict[str, Any] | None = None) -> None:
         self.info = info
@@ -131,12 +147,14 @@ class ServingEngine:
         self.template = template
         self.actor = actor
         self.weights = weights
-        self.async_engine = AsyncEngine(actor)
+        self._bridge = ActorBridge(actor)
         self.identity = identity
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
         # Set by `attach_adapters` once the adapter services exist; None serves the base model only.
         self.adapters: AdapterResolver | None = None
+        self.observers: list[CompletionObserver] = []
+        self.in_flight = 0
 
     def attach_adapters(self, store: Any, compose_cache: Any, active: Any) -> None:
         from kiln.adapters.compat import model_spec_from_config
@@ -145,7 +163,8 @@ class ServingEngine:
 
     def resolve_adapter(self, *, adapter_given: bool, adapter: str | None, adapters: Any,
                         param: str = "adapter") -> AdapterTarget | None:
-        """The adapter revision a request runs on (None = base), per semantics.md §4.7."""
+        """The adapter revision a request runs on (None = base), per semantics.md §4.7; callers go
+        through `kiln.engine.chat_request.resolve_adapter`, which checks the selection first."""
         if self.adapters is None:
             named = adapters[0].name if adapters else (adapter if adapter_given else None)
             if named:
@@ -159,6 +178,11 @@ class ServingEngine:
     def backend(self) -> str:
         return self.actor.runner.backend
 
+    @property
+    def model(self) -> Transformer:
+        """The served model (training shares its frozen base weights)."""
+        return self.actor.runner.model
+
     def policy(self) -> PolicyIdentity | None:
         """The behavior-policy identity for rollout provenance; None without a content identity."""
         if self.identity is None:
@@ -168,12 +192,20 @@ class ServingEngine:
     def config_hashes(self) -> dict[str, str] | None:
         return None if self.identity is None else self.identity.config_hashes(self.effective_config_sha256)
 
-    # -- health ----------------------------------------------------------------------------------
+    # -- health and stats ------------------------------------------------------------------------
     def describe(self) -> str:
         return self.info.describe()
 
     def is_alive(self) -> bool:
         return self.actor.is_alive()
+
+    @property
+    def prewarmed(self) -> bool:
+        return self.actor.prewarmed
+
+    def join(self) -> None:
+        """Block until the actor thread ends (after `shutdown`)."""
+        self.actor.join()
 
     def shutdown(self) -> None:
         self.actor.shutdown()
@@ -183,6 +215,16 @@ class ServingEngine:
         bm = self.actor.block_manager
         return {"waiting": self.actor.scheduler.num_waiting, "running": self.actor.scheduler.num_running,
                 "blocks_used": bm.num_used_blocks, "blocks_free": bm.num_free_blocks, "blocks_total": bm.num_blocks}
+
+    def memory(self) -> MemoryUse:
+        runner = self.actor.runner
+        return MemoryUse(runner.model_bytes, runner.kv_cache_bytes)
+
+    def stats(self) -> EngineStats:
+        """The actor's totals and the KV pool's state, for /metrics (lock-free reads, like the snapshot)."""
+        actor, bm = self.actor, self.actor.block_manager
+        return EngineStats(self.scheduler_snapshot(), bm.usage, actor.counters, actor.scheduler.num_preemptions,
+                           bm.stats, bm.num_cached_blocks, bm.num_blocks, self.memory())
 
     def responsive(self, stall_s: float = 30.0) -> bool:
         """The actor thread lives, and steps regularly while it has work."""
@@ -211,15 +253,33 @@ class ServingEngine:
             out.append(p)
         return out
 
-    def generate(self, prompt_ids: list[int], params: list[SamplingParams], request_id: str | None = None,
-                 budgets: list | None = None, adapter: AdapterTarget | None = None):
-        return self.async_engine.generate(prompt_ids, params, request_id, budgets, adapter)
+    def submit(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, ChoiceEvent]]:
+        """The one way work reaches the actor: the requests join the running batch at the same step;
+        events come back as (request index, event); leaving the iterator early aborts what still runs."""
+        return self._bridge.submit(requests)
 
-    def generate_many(self, requests: list[GenerationRequest]):
-        return self.async_engine.generate_many(requests)
+    def generate(self, prompt_ids: list[int], params: list[SamplingParams], request_id: str | None = None,
+                 budgets: list | None = None, adapter: AdapterTarget | None = None) -> AsyncIterator[ChoiceEvent]:
+        """`submit` for one request, yielding its events alone."""
+        return self._bridge.generate(prompt_ids, params, request_id, budgets, adapter)
 
     async def score(self, token_ids: list[int], top_k: int) -> PromptScores:
-        return await self.async_engine.score(token_ids, top_k)
+        return await self._bridge.score(token_ids, top_k)
+
+    # -- completion lifecycle (kiln.engine.chat_response calls these) ---------------------------------
+    def start_completion(self) -> None:
+        self.in_flight += 1
+        for obs in self.observers:
+            obs.completion_started()
+
+    def finish_completion(self, done: FinishedCompletion) -> None:
+        """Every chat and batch completion ends here exactly once, whatever the outcome."""
+        self.in_flight -= 1
+        for obs in self.observers:
+            try:
+                obs.completion_finished(done)
+            except Exception:  # noqa: BLE001 - an observer must never fail the request it observes
+                log.exception("completion observer failed")
 
     @property
     def close_think_ids(self) -> list[int]:
@@ -227,12 +287,51 @@ class ServingEngine:
         return self.tokenizer.encode("</think>", add_special_tokens=False)
 
 
-def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEngine:
+@dataclass
+class MemoryUse:
+    model_bytes: int
+    kv_cache_bytes: int
+
+
+@dataclass
+class EngineStats:
+    scheduler: dict[str, int]
+    kv_usage: float
+    counters: EngineCounters
+    preemptions: int
+    prefix_cache: PrefixCacheStats
+    prefix_cached_blocks: int
+    prefix_max_blocks: int
+    memory: MemoryUse
+
+
+def model_path(settings: Settings) -> Path:
+    return Path(settings.model.path) if settings.model.path else default_model_path()
+
+
+def torch_threads(settings: Settings, env: dict[str, str] | None = None) -> int:
+    """engine.num_threads, else $KILN_NUM_THREADS; 0 keeps torch's default."""
+    env = os.environ if env is None else env
+    return settings.engine.num_threads or int(env.get("KILN_NUM_THREADS", "0") or 0)
+
+
+def kv_layout(settings: Settings, cfg: ModelConfig, kv_dtype: torch.dtype) -> tuple[int, int, int]:
+    """(block size, blocks in the KV pool, context length) from engine.kv_cache_memory_mb and friends."""
+    block_size = settings.engine.block_size
+    per_block = KVCache.bytes_per_block(cfg, block_size, kv_dtype)
+    num_blocks = max(4, settings.engine.kv_cache_memory_mb * 2**20 // per_block)
+    max_len = min(cfg.max_position_embeddings, num_blocks * block_size)
+    if settings.engine.max_model_len:
+        max_len = min(max_len, settings.engine.max_model_len)
+    return block_size, num_blocks, max_len
+
+
+def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     """Load everything; `start=False` leaves the actor for the caller to run (`run_in_current_thread`)."""
     t0 = time.perf_counter()
-    path = Path(settings.model.path) if settings.model.path else default_model_path()
+    path = model_path(settings)
     device = resolve_device(settings.model.device)
-    threads = settings.engine.num_threads or int(os.environ.get("KILN_NUM_THREADS", "0") or 0)
+    threads = torch_threads(settings)
     if threads > 0:
         torch.set_num_threads(threads)
     if device.type == "cpu" and kernels.enabled():
@@ -252,14 +351,9 @@ def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEn
     template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
     cfg = model.config
     kv_dtype = next(model.parameters()).dtype
-    block_size = settings.engine.block_size
-    per_block = KVCache.bytes_per_block(cfg, block_size, kv_dtype)
-    num_blocks = max(4, settings.engine.kv_cache_memory_mb * 2**20 // per_block)
-    max_len = min(cfg.max_position_embeddings, num_blocks * block_size)
-    if settings.engine.max_model_len:
-        max_len = min(max_len, settings.engine.max_model_len)
+    block_size, num_blocks, max_len = kv_layout(settings, cfg, kv_dtype)
     runner = ModelRunner(model, num_blocks, block_size, device, kv_dtype)
-    actor = LLMEngine(runner, tokenizer, block_size=block_size, num_blocks=num_blocks,
+    actor = EngineActor(runner, tokenizer, block_size=block_size, num_blocks=num_blocks,
                       max_num_seqs=settings.engine.max_num_seqs,
                       max_batch_tokens=settings.engine.max_batch_tokens,
                       enable_prefix_caching=settings.engine.enable_prefix_caching,
@@ -277,5 +371,5 @@ def build_serving_engine(settings: Settings, *, start: bool = True) -> ServingEn
     log.info("loaded %s from %s (%s, %s on %s) in %.1fs; KV pool %d blocks x %d tokens, context %d; weights %s",
              info.describe(), path, weights.format, info.dtype, device, time.perf_counter() - t0,
              num_blocks, block_size, max_len, identity.base_model_sha256)
-    return ServingEngine(info, tokenizer, template, actor, weights, identity,
+    return Engine(info, tokenizer, template, actor, weights, identity,
                          effective_inference_config(settings, info, runner.backend))

@@ -12,14 +12,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import mmap
-import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+
+from kiln.model.gguf_file import read_gguf_metadata
 
 log = logging.getLogger(__name__)
 
@@ -250,68 +250,6 @@ def _known(backend: tokenizers.Tokenizer, token: str | None, role: str, source: 
 
 
 # ---- GGUF -----------------------------------------------------------------------------------------
-
-
-def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """All key/values of a GGUF file as plain Python values (str, int, float, bool, lists).
-
-    Reads only the key/value header, and string arrays with one pass of `struct`, which is far
-    faster than `gguf.GGUFReader` (that parses every tensor header and wraps each string in numpy).
-    """
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version = struct.unpack_from("<I", buf, 4)[0]
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
-        kv_count = struct.unpack_from("<Q", buf, 16)[0]
-        reader = _GGUFValues(buf, 24)
-        meta: dict[str, Any] = {}
-        for _ in range(kv_count):
-            key = reader.string()
-            meta[key] = reader.value(reader.u32())
-        return meta
-
-
-# GGUF value type -> struct format (little-endian); 8 is string, 9 is array.
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-class _GGUFValues:
-    def __init__(self, buf: mmap.mmap, offset: int) -> None:
-        self.buf = buf
-        self.pos = offset
-
-    def u32(self) -> int:
-        (value,) = struct.unpack_from("<I", self.buf, self.pos)
-        self.pos += 4
-        return value
-
-    def string(self) -> str:
-        (size,) = struct.unpack_from("<Q", self.buf, self.pos)
-        start = self.pos + 8
-        self.pos = start + size
-        return self.buf[start : self.pos].decode("utf-8", errors="replace")
-
-    def value(self, kind: int) -> Any:
-        if kind == 8:
-            return self.string()
-        if kind == 9:
-            elem = self.u32()
-            (count,) = struct.unpack_from("<Q", self.buf, self.pos)
-            self.pos += 8
-            if elem in _GGUF_SCALARS:
-                fmt = f"<{count}{_GGUF_SCALARS[elem]}"
-                values = list(struct.unpack_from(fmt, self.buf, self.pos))
-                self.pos += struct.calcsize(fmt)
-                return values
-            return [self.value(elem) for _ in range(count)]
-        if kind not in _GGUF_SCALARS:
-            raise ValueError(f"unknown GGUF value type {kind}")
-        fmt = "<" + _GGUF_SCALARS[kind]
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
 
 
 def _set_byte_level_pipeline(backend: tokenizers.Tokenizer, family: str) -> None:

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-from kiln.evals.messages import message_text
+from kiln.core.messages import message_text
 
 
 def derive_example_id(messages: Iterable[dict[str, Any]], target: str | None, aliases: Iterable[str]) -> str:

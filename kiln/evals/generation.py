@@ -17,6 +17,13 @@ DEFAULT_MAX_TOKENS = 256
 Scope = Literal["example", "run_override", "suite"]
 
 
+def u64_from_string(v: Any) -> Any:
+    """u64 fields accept a decimal string too (JavaScript clients cannot hold every u64)."""
+    if isinstance(v, str) and v.isascii() and v.isdigit():
+        return int(v)
+    return v
+
+
 class GenerationParams(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
 
@@ -35,10 +42,7 @@ class GenerationParams(BaseModel):
     @field_validator("seed", mode="before")
     @classmethod
     def _seed_from_string(cls, v: Any) -> Any:
-        # u64 fields accept a decimal string too (JavaScript clients cannot hold every u64).
-        if isinstance(v, str) and v.isascii() and v.isdigit():
-            return int(v)
-        return v
+        return u64_from_string(v)
 
     def budget_override(self, field: Literal["thinking_budget_tokens", "thinking_budget_ms"]) -> Literal["inherit"] | int | None:
         """'inherit' when omitted, None for explicit unlimited, else the limit."""

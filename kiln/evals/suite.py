@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -52,36 +52,25 @@ class SingleAggregation(_Aggregation):
     def k(self) -> int:
         return 1
 
-    @property
-    def label(self) -> str:
-        return "single"
+    label: ClassVar[str] = "single"
 
 
 class MeanAtK(_Aggregation):
     kind: Literal["mean_at_k"] = "mean_at_k"
     k: int = Field(ge=1, le=MAX_N)
-
-    @property
-    def label(self) -> str:
-        return "mean@k"
+    label: ClassVar[str] = "mean@k"
 
 
 class PassAtK(_Aggregation):
     kind: Literal["pass_at_k"] = "pass_at_k"
     k: int = Field(ge=1, le=MAX_N)
-
-    @property
-    def label(self) -> str:
-        return "pass@k"
+    label: ClassVar[str] = "pass@k"
 
 
 class MajorityAtK(_Aggregation):
     kind: Literal["majority_at_k"] = "majority_at_k"
     k: int = Field(ge=1, le=MAX_N)
-
-    @property
-    def label(self) -> str:
-        return "majority@k"
+    label: ClassVar[str] = "majority@k"
 
 
 Aggregation = Annotated[SingleAggregation | MeanAtK | PassAtK | MajorityAtK, Field(discriminator="kind")]

@@ -6,23 +6,19 @@ Either one JSON file holding everything, or a header JSON (without `examples`) n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from kiln.evals.suite import EvalSuite, invalid_request, parse_suite
+from kiln.store.strict_json import loads_strict
 
 HEADER_NAME = "suite.json"
 EXAMPLES_NAME = "examples.jsonl"
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+        return loads_strict(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise invalid_request(f"suite file {str(path)!r} does not exist", param="path") from None
     except (UnicodeDecodeError, ValueError) as e:
@@ -35,7 +31,7 @@ def read_examples_jsonl(path: Path) -> list[Any]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_constant=_reject_constant)
+            row = loads_strict(line)
         except ValueError as e:
             raise invalid_request(f"invalid example at line {n} of {path.name}: {e}", param=f"{path.name}:{n}") from None
         if not isinstance(row, dict):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from kiln.errors import KilnError
 from kiln.evals.suite import EvalSuite, parse_suite, suite_summary
-from kiln.store.atomic import atomic_write_json, fsync_dir
+from kiln.store.atomic import atomic_write_json, fsync_path
 from kiln.store.names import validate_name
 
 log = logging.getLogger("kiln.evals")
@@ -79,7 +79,7 @@ class SuiteStore:
             # Rename first so a crash mid-delete never leaves a half-deleted suite visible.
             tomb = self.root / f".deleting-{name}-{secrets.token_hex(4)}"
             os.replace(target, tomb)
-            fsync_dir(self.root)
+            fsync_path(self.root)
         shutil.rmtree(tomb, ignore_errors=True)
 
     def names(self) -> list[str]:

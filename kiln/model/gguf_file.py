@@ -63,7 +63,7 @@ class _Cursor:
         n = self.scalar("Q")
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
-        return raw.decode("utf-8")
+        return raw.decode("utf-8", errors="replace")
 
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
@@ -81,9 +81,8 @@ class _Cursor:
         raise GGUFFormatError(f"unknown GGUF value type {vtype}")
 
 
-def read_gguf(path: str | Path) -> GGUFFile:
-    with open(path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def _read_header(buf: mmap.mmap, path: str | Path) -> tuple[_Cursor, int, dict[str, Any]]:
+    """(cursor after the key/values, tensor count, metadata)."""
     cur = _Cursor(buf)
     if buf[:4] != MAGIC:
         raise GGUFFormatError(f"{path} is not a GGUF file (bad magic)")
@@ -96,6 +95,19 @@ def read_gguf(path: str | Path) -> GGUFFile:
     for _ in range(n_kv):
         key = cur.string()
         metadata[key] = cur.value(cur.scalar("I"))
+    return cur, n_tensors, metadata
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """Only the key/values (tokenizer.* included), as plain Python values (str, int, float, bool, lists)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _read_header(buf, path)[2]
+
+
+def read_gguf(path: str | Path) -> GGUFFile:
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    cur, n_tensors, metadata = _read_header(buf, path)
 
     infos = []
     for _ in range(n_tensors):

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 
-def fsync_dir(path: Path) -> None:
+def ensure_root(root: str | Path) -> Path:
+    """A store's root folder, created when it can be; a read-only location is left for the store to report."""
+    path = Path(root)
+    with contextlib.suppress(OSError):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: so a rename or a new entry in it is durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -35,7 +44,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -72,7 +81,7 @@ def append_jsonl(path: str | Path, rows: list[Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     if not existed:
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
 
 
 def read_jsonl(path: str | Path, *, skip_invalid: bool = False) -> list[Any]:
@@ -98,3 +107,4 @@ def read_jsonl(path: str | Path, *, skip_invalid: bool = False) -> list[Any]:
                 break  # torn tail from a crash mid-append
             raise
     return out
+

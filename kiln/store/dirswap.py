@@ -21,7 +21,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from kiln.store.atomic import fsync_dir
+from kiln.store.atomic import fsync_path
 
 STAGE, OLD, TRASH = ".tmp-", ".old-", ".trash-"
 _TOKEN_LEN = 32
@@ -57,30 +57,30 @@ def publish_new(staging: Path, final: Path) -> None:
     """Move a complete staging directory to a final path that does not exist yet."""
     if final.exists():
         raise FileExistsError(final)
-    fsync_dir(staging)
+    fsync_path(staging)
     os.rename(staging, final)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
 
 
 def replace(staging: Path, final: Path) -> None:
     """Swap a complete staging directory in for an existing final directory."""
-    fsync_dir(staging)
+    fsync_path(staging)
     old = _scratch(final.parent, OLD, final.name)
     os.rename(final, old)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
     try:
         os.rename(staging, final)
     except BaseException:
         os.rename(old, final)
         raise
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
 def remove(final: Path) -> None:
     trash = _scratch(final.parent, TRASH, final.name)
     os.rename(final, trash)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -102,7 +102,7 @@ def recover(root: Path, name: str) -> None:
     if olds and not final.exists():
         # Only one replace runs at a time per name, so there is at most one old copy to restore.
         os.rename(olds.pop(), final)
-        fsync_dir(root)
+        fsync_path(root)
     for old in olds:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.errors import KilnError
-from kiln.store.atomic import atomic_write_json, fsync_dir
+from kiln.store.atomic import atomic_write_json, fsync_path
 
 
 class JsonRecordDir:
@@ -31,5 +31,5 @@ class JsonRecordDir:
             os.unlink(self.path_for(record_id))
         except FileNotFoundError:
             return False
-        fsync_dir(self.root)
+        fsync_path(self.root)
         return True

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kiln.store.atomic import fsync_dir
+from kiln.store.atomic import fsync_path
 
 log = logging.getLogger("kiln.request_log")
 
@@ -205,7 +205,7 @@ class RequestLog:
             self._file.close()
             rotated = _rotated_name(self.root)
             os.replace(self.root / ACTIVE, rotated)
-            fsync_dir(self.root)
+            fsync_path(self.root)
             self._file = open(self.root / ACTIVE, "ab")  # noqa: SIM115
             self._size = 0
             self.stats.rotations += 1
@@ -242,9 +242,9 @@ def compress_file(path: Path) -> Path:
         raw.flush()
         os.fsync(raw.fileno())
     os.replace(tmp, gz)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     os.unlink(path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return gz
 
 
@@ -323,7 +323,7 @@ def enforce_retention(root: Path, max_total_bytes: int) -> list[Path]:
         total -= size
         removed.append(p)
     if removed:
-        fsync_dir(root)
+        fsync_path(root)
     return removed
 
 

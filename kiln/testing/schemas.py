@@ -12,8 +12,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from kiln.contracts import CONTRACTS_DIR as SPEC_DIR  # noqa: F401 - tests read the schema files through it
+from kiln.contracts import CONTRACTS_DIR
 from kiln.contracts import schemas as _schemas
+
+# Where the contract files live (tests read the JSON Schemas beside the .txt pages).
+SPEC_DIR = CONTRACTS_DIR
 
 
 @cache

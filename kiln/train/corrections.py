@@ -20,9 +20,12 @@ corrected (kiln.engine.records.rehearsal_rows), which keeps the edit from spilli
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +257,129 @@ def job_outcome(job: Any) -> tuple[bool, bool, str]:
     if gate == "pending":
         return False, False, gate
     return True, gate == "promoted", f"gate {gate}"
+
+
+def follow_training(store: CorrectionStore, manager: Any) -> None:
+    """Mark corrections trained (or release them) as the jobs that took them end; settle what a
+    restart left: the archive says how a job ended, and a job that never ended is gone."""
+
+    def on_job(job: Any) -> None:
+        if job.job_id not in store.in_flight():
+            return
+        decided, trained, outcome = job_outcome(job)
+        if decided:
+            store.resolve(job.job_id, trained=trained, adapter=job.adapter_name, outcome=outcome)
+
+    manager.listeners.append(on_job)
+    for job_id in list(store.in_flight()):
+        try:
+            job = manager.get(job_id)
+        except KilnError:
+            store.resolve(job_id, trained=False, outcome="job not found after restart")
+            continue
+        decided, trained, outcome = job_outcome(job)
+        if decided:
+            store.resolve(job_id, trained=trained, adapter=job.adapter_name, outcome=outcome)
+        elif job.state != "completed":
+            store.resolve(job_id, trained=False, outcome="interrupted by a restart")
+
+
+# ---- what the corrections routes call ----------------------------------------------------------------
+
+def served_conversation(rec: Any, request_id: str, prompt_index: int | None, *,
+                        logging_on: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
+    """(conversation, the answer served, the adapter that served it) of a recorded request
+    (kiln.engine.records.CompletionRecord, or None when neither the ring nor the log has it)."""
+    if rec is None:
+        where = "the recent-request ring" + (" or the request log" if logging_on else "")
+        raise KilnError(404, "request_not_found", f"no served request {request_id!r} in {where}", param="request_id",
+                        hint="Use the `id` of a chat completion (chatcmpl-...) as GET /v1/stats/recent-requests "
+                             "shows it, or send `messages` instead."
+                             + ("" if logging_on else " Enable [request_log] to find older requests."))
+    if not rec.correctable:
+        raise KilnError(409, "request_not_captured", f"request {request_id!r} was too large to keep its messages",
+                        param="request_id", hint="Send the conversation as `messages` instead.")
+    index = 0
+    if rec.kind == "batch":
+        count = len(rec.prompts or [])
+        if prompt_index is None and count > 1:
+            raise invalid(f"request {request_id!r} is a batch of {count} prompts; say which with `prompt_index`",
+                          param="prompt_index")
+        index = prompt_index or 0
+        if index >= count:
+            raise invalid(f"`prompt_index` {index} is out of range for a batch of {count} prompts",
+                          param="prompt_index")
+    elif prompt_index not in (None, 0):
+        raise invalid("`prompt_index` applies to batch requests only", param="prompt_index")
+    answer = rec.answer(index)
+    return list(rec.conversation(index)), answer.message() if answer is not None else None, rec.adapter
+
+
+def corrections_config(config: dict[str, Any], active_name: str | None, num_rows: int) -> dict[str, Any]:
+    """The SFT config a corrections job runs with: the caller's fields, then the corrections recipe
+    (all rows in one batch, up to MAX_BATCH, so an epoch is one step).
+
+    Without `base_adapter` the job continues the active adapter (what served the corrected answers),
+    so what it learned before stays; `"base_adapter": null` starts from the base model.
+    """
+    out = dict(config)
+    out.setdefault("batch_size", max(1, min(num_rows, MAX_BATCH)))
+    if "base_adapter" not in out and active_name:
+        out["base_adapter"] = active_name
+    continuing = out.get("base_adapter") is not None
+    for key, value in CORRECTIONS_SFT_DEFAULTS.items():
+        if continuing and key in ("lora_rank", "lora_alpha"):
+            continue  # a continued adapter keeps its shape
+        out.setdefault(key, value)
+    if out.get("output_name") is None:
+        out["output_name"] = "corrections-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return out
+
+
+async def submit_corrections(store: CorrectionStore, manager: Any, *, config: dict[str, Any],
+                             post_eval: dict[str, Any] | None, rehearsal: Callable[[list[Correction]], list[dict]],
+                             parse: Callable[[dict[str, Any]], Any], active_name: str | None, engine: Any,
+                             adapters: Any, datasets: Any, suites: Any) -> dict[str, Any]:
+    """The pending corrections (plus `rehearsal(chosen)` rows) as one SFT job through the training
+    path (`parse` makes the SftRequest, 400 naming the field); the training receipt plus
+    `corrections` (their ids) and `replayed` (rehearsed rows)."""
+    from kiln.train.plan import plan_sft
+    from kiln.train.submission import submit_training
+
+    chosen = store.trainable()
+    if not chosen:
+        in_flight = store.in_flight()
+        raise KilnError(409 if in_flight else 400, "no_pending_corrections",
+                        "no pending corrections to train" + (
+                            f" (job {', '.join(in_flight)} is training the others)" if in_flight else ""),
+                        hint="POST /v1/corrections adds one; GET /v1/corrections lists them.")
+    replay = rehearsal(chosen)
+    rows = [c.sft_row() for c in chosen] + replay
+    body: dict[str, Any] = {"examples": rows, "config": corrections_config(config, active_name, len(rows))}
+    if post_eval is not None:
+        body["post_eval"] = post_eval
+    req = parse(body)
+    ids = [c.id for c in chosen]
+    taken: list[str] = []
+
+    def planner(*args: Any) -> Any:
+        plan = plan_sft(*args)
+        plan.data.source = "corrections"
+        plan.stats["correction_ids"] = ids
+        plan.stats["replayed_rows"] = len(replay)
+        # Taken before the job exists: a tiny job can finish before submission returns.
+        store.submitted(ids, plan.job_id)
+        taken.append(plan.job_id)
+        return plan
+
+    try:
+        receipt = await submit_training(manager, req, planner, engine, adapters, datasets, suites)
+    except BaseException:
+        for job_id in taken:
+            await asyncio.to_thread(store.resolve, job_id, trained=False, outcome="not queued")
+        raise
+    n = len(ids)
+    receipt["message"] = (f"Queued SFT job training adapter `{receipt['adapter_name']}` on {n} correction"
+                          f"{'s' if n != 1 else ''} and {len(replay)} rehearsed answer"
+                          f"{'s' if len(replay) != 1 else ''}" + receipt["message"][receipt["message"].rfind(" ("):])
+    return {**receipt, "corrections": ids, "replayed": len(replay)}

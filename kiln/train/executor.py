@@ -39,13 +39,13 @@ _PROCESS_THREADS = torch.get_num_threads()
 class JobContext:
     """What a job needs from the server; built when the job starts (the model may load after submission)."""
 
-    engine: Any                 # ServingEngine: .actor.runner.model, .tokenizer, .template, .info, .identity
+    engine: Any                 # kiln.engine.serving.Engine: .model, .tokenizer, .template, .info, .identity
     adapters: Any               # AdapterStore
     active: Any | None = None   # ActiveAdapter
 
 
 def served_model(engine: Any) -> torch.nn.Module:
-    return engine.actor.runner.model
+    return engine.model
 
 
 def _trainable_rotary(model: torch.nn.Module) -> None:

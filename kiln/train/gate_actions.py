@@ -21,7 +21,7 @@ from pathlib import Path
 from kiln.errors import KilnError
 from kiln.evals.gate import GateDecision, GateThresholds, error_decision, gate_from_runs
 from kiln.evals.jobs import EvalJob
-from kiln.store.atomic import fsync_dir
+from kiln.store.atomic import fsync_path
 from kiln.train.executor import JobContext, activate
 from kiln.train.jobs import TrainJob
 
@@ -75,7 +75,7 @@ def demote_adapter(name: str, ctx: JobContext) -> Path:
             trash = dest.with_name(f".trash-{uuid.uuid4().hex}")
             os.rename(dest, trash)
         os.rename(path, dest)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
     finally:
         if lock is not None:
             lock.release()

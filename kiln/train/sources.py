@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.data.formats import GRPO_GROUPS, SFT_CHAT, loads_strict
+from kiln.data.formats import GRPO_GROUPS, SFT_CHAT
 from kiln.errors import KilnError
 from kiln.store.hashing import sha256_json
+from kiln.store.strict_json import loads_strict
 from kiln.train.errors import invalid
 
 MAX_PATH_BYTES = 1 << 30

@@ -24,7 +24,7 @@ def store(tmp_path, monkeypatch):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path / "data")))
     state = ServerState(settings=settings)
     s = AdapterStore(settings.adapter_dir)
-    state.services["adapter_store"] = s
+    state.services.adapter_store = s
     save_random(s, "a", r=2, alpha=4, modules=["q_proj"], seed=1)
     save_random(s, "b", r=2, alpha=4, modules=["q_proj"], seed=2)
     monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.adapters"])

@@ -23,13 +23,13 @@ ERROR_KEYS = {"message", "type", "param", "code", "hint"}
 def state(tmp_path):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
     st = ServerState(settings=settings)
-    st.services["adapter_store"] = AdapterStore(settings.adapter_dir, limits=ArchiveLimits(max_body_bytes=64_000))
+    st.services.adapter_store = AdapterStore(settings.adapter_dir, limits=ArchiveLimits(max_body_bytes=64_000))
     return st
 
 
 @pytest.fixture
 def store(state):
-    s = state.services["adapter_store"]
+    s = state.services.adapter_store
     save_random(s, "a", r=4, alpha=8, modules=["q_proj", "v_proj"], seed=1)
     save_random(s, "b", r=4, alpha=8, modules=["q_proj", "v_proj"], seed=2)
     return s

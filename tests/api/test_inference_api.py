@@ -28,7 +28,7 @@ ROUTERS = ["kiln.api.routers.system", "kiln.api.routers.chat", "kiln.api.routers
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("inference-api")
@@ -37,7 +37,7 @@ def served(tmp_path_factory):
                         data=DataSettings(data_dir=str(root / "data")),
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
     state = ServerState(settings=settings)
-    state.engine = build_serving_engine(settings)
+    state.engine = build_engine(settings)
     mp = pytest.MonkeyPatch()
     mp.setattr(app_module, "ROUTER_MODULES", ROUTERS)
     app = app_module.create_app(settings, state)
@@ -317,11 +317,11 @@ def test_scoring_caps_returned_candidates(client):
 
 
 def test_scoring_refuses_while_an_adapter_is_active(client, served):
-    served.state.services["adapters_active"] = SimpleNamespace(name="style", revision="sha256:x")
+    served.state.services.adapters_active = SimpleNamespace(name="style", revision="sha256:x")
     try:
         assert_error(score(client), 400, "completion_invalid_request", "model")
     finally:
-        del served.state.services["adapters_active"]
+        served.state.services.adapters_active = None
 
 
 # ---- batch ---------------------------------------------------------------------------------------------

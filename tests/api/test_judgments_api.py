@@ -245,7 +245,7 @@ def wait_done(client, job_id: str) -> dict:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The whole app over a tiny llama with one saved LoRA adapter, `judge`; one event loop throughout."""
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
     from tests.adapters.helpers import TINY, save_random
 
@@ -260,10 +260,10 @@ def served(tmp_path_factory):
     state = ServerState(settings=settings)
     app = create_app(settings, state)
     services = state.services
-    save_random(services["adapter_store"], "judge", r=4, alpha=8, seed=3)
-    engine = build_serving_engine(settings)
-    engine.attach_adapters(services["adapter_store"], services.get("adapter_compose_cache"),
-                           services.get("adapters_active"))
+    save_random(services.adapter_store, "judge", r=4, alpha=8, seed=3)
+    engine = build_engine(settings)
+    engine.attach_adapters(services.adapter_store, services.adapter_compose_cache,
+                           services.adapters_active)
     state.engine = engine
     try:
         with TestClient(app) as client:

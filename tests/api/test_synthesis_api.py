@@ -44,7 +44,7 @@ def make_dataset(client, name="chats", rows=CONVERSATIONS, split=MOSTLY_HOLDOUT)
 
 
 def expected(client, name, body, split="holdout", head=None):
-    rows = services(client)["datasets"].read_rows(name, split)
+    rows = services(client).datasets.read_rows(name, split)
     return synthesize(rows, parse_synthesize_body(body), dataset=name, source_split=split, max_conversations=head)
 
 
@@ -67,9 +67,9 @@ def job_manager(client, tmp_path, adapters=("support-v2",)):
     def no_model():
         raise KilnError(503, "backend_unavailable", "no model in this test")
 
-    ctx = AdmissionContext(suites=services(client)["eval_suites"], resolve_target=resolve, active_adapter=lambda: None)
+    ctx = AdmissionContext(suites=services(client).eval_suites, resolve_target=resolve, active_adapter=lambda: None)
     manager = EvalJobManager(EvalJobStore(tmp_path / "jobs"), ctx, no_model)
-    services(client)["eval_jobs"] = manager
+    services(client).eval_jobs = manager
     return manager
 
 
@@ -204,7 +204,7 @@ def test_run_against_an_unknown_adapter_is_a_404_and_saves_nothing(client, tmp_p
 
 def test_run_against_without_an_eval_job_manager_is_a_503_and_saves_nothing(client):
     make_dataset(client)
-    services(client).pop("eval_jobs", None)
+    services(client).eval_jobs = None
     resp = client.post("/v1/eval/datasets/chats/synthesize", json={"suite_name": "s", "run_against": [""]})
     error_of(resp, 503, "eval_registry_unavailable", "run_against")
     assert client.get("/v1/eval/suites").json() == {"suites": []}
@@ -212,7 +212,7 @@ def test_run_against_without_an_eval_job_manager_is_a_503_and_saves_nothing(clie
 
 def test_an_empty_run_against_queues_nothing(client):
     make_dataset(client)
-    services(client).pop("eval_jobs", None)
+    services(client).eval_jobs = None
     resp = client.post("/v1/eval/datasets/chats/synthesize", json={"suite_name": "s", "run_against": []})
     validate(SCHEMA, "SynthesizeDatasetResponse", resp.json())
     assert resp.json()["queued_eval_job_ids"] == []
@@ -272,5 +272,5 @@ def test_run_against_the_base_model_uses_the_servers_own_job_manager(client):
     assert resp.status_code == 200, resp.text
     validate(SCHEMA, "SynthesizeDatasetResponse", resp.json())
     [job_id] = resp.json()["queued_eval_job_ids"]
-    job = services(client)["eval_jobs"].get(job_id)
+    job = services(client).eval_jobs.get(job_id)
     assert (job.suite.name, job.adapters, job.submission_kind) == ("s", [None], "on_demand")

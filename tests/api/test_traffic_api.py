@@ -38,7 +38,7 @@ DECODE_KEYS = {"object", "tok_per_sec", "mean_itl_ms", "p50_itl_ms", "p99_itl_ms
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("traffic-api")
@@ -51,13 +51,13 @@ def served(tmp_path_factory):
                         request_log=RequestLogSettings(enabled=True))
     state = ServerState(settings=settings)
     app = create_app(settings, state)
-    engine = build_serving_engine(settings)
-    engine.attach_adapters(state.services["adapter_store"], state.services.get("adapter_compose_cache"),
-                           state.services.get("adapters_active"))
+    engine = build_engine(settings)
+    engine.attach_adapters(state.services.adapter_store, state.services.adapter_compose_cache,
+                           state.services.adapters_active)
     state.engine = engine
     with TestClient(app) as client:
         yield SimpleNamespace(client=client, state=state, settings=settings, root=root)
-    state.services["recorder"].close()
+    state.services.recorder.close()
     engine.shutdown()
 
 
@@ -80,7 +80,7 @@ def recent(client, **params) -> list[dict]:
 
 
 def flush_log(served) -> list[dict]:
-    assert served.state.services["recorder"].request_log.flush()
+    assert served.state.services.recorder.request_log.flush()
     return list(read_rows(served.settings.request_log_dir))
 
 

@@ -9,17 +9,17 @@ import pytest
 
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
 from kiln.core.sampling import SamplingParams
-from kiln.engine.engine import GenerationRequest
+from kiln.engine.actor import GenerationRequest
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("actor")
     model = make_tiny_model(root / "m", arch="llama", init_std=0.3)
-    eng = build_serving_engine(Settings(model=ModelSettings(path=str(model), dtype="float32"),
+    eng = build_engine(Settings(model=ModelSettings(path=str(model), dtype="float32"),
                                         data=DataSettings(data_dir=str(root / "data")),
                                         engine=EngineSettings(kv_cache_memory_mb=8)))
     yield eng
@@ -33,7 +33,7 @@ def params(engine, n: int, seed: int, max_tokens: int = 4) -> list[SamplingParam
 def collect(engine, requests):
     async def run():
         out = []
-        async for i, ev in engine.generate_many(requests):
+        async for i, ev in engine.submit(requests):
             out.append((i, ev))
         return out
     return asyncio.run(run())
@@ -78,7 +78,7 @@ def test_scoring_runs_on_the_actor_while_requests_generate(engine):
     first, scores, rest = asyncio.run(run())
     assert len(scores.top_ids) == len(engine.encode_prompt("score this prompt")) - 1
     assert sum(len(e.token_ids) for e in [first, *rest]) == 30
-    assert engine.actor.counters.prompts_scored >= 1
+    assert engine.stats().counters.prompts_scored >= 1
 
 
 def test_scoring_errors_reach_the_caller(engine):

@@ -9,7 +9,7 @@ import pytest
 from kiln.config import Settings
 from kiln.core.thinking_budget import resolve_budget
 from kiln.engine.eval_generator import LocalEngineGenerator
-from kiln.engine.serving import build_serving_engine
+from kiln.engine.serving import build_engine
 from kiln.evals.generator import GenerationRequest
 from kiln.testing.schemas import validate
 from kiln.testing.tiny import make_tiny_model
@@ -23,7 +23,7 @@ def generator(tmp_path_factory):
     settings = Settings()
     settings.model.path = str(path)
     settings.engine.kv_cache_memory_mb = 16
-    engine = build_serving_engine(settings)
+    engine = build_engine(settings)
     yield LocalEngineGenerator(engine, settings.server)
     engine.shutdown()
 

@@ -30,7 +30,7 @@ def build(tmp_path, **eval_settings):
 def served(tmp_path):
     app, state = build(tmp_path)
     gen = FakeGenerator()
-    state.services["eval_jobs"].generator_factory = lambda: gen
+    state.services.eval_jobs.generator_factory = lambda: gen
     with TestClient(app) as client:
         assert client.post("/v1/eval/suites", json=suite_data()).status_code == 200
         yield client, gen
@@ -171,7 +171,7 @@ def test_a_full_queue_is_503_with_retry_after(tmp_path):
     app, state = build(tmp_path, max_queued_jobs=1)
     gen = FakeGenerator()
     gen.hold = {"2 + 2?"}
-    state.services["eval_jobs"].generator_factory = lambda: gen
+    state.services.eval_jobs.generator_factory = lambda: gen
     with TestClient(app) as client:
         client.post("/v1/eval/run", json={"inline_suite": suite_data()})  # picked up by the worker
         deadline = time.monotonic() + 5
@@ -191,7 +191,7 @@ def test_runs_are_refused_while_the_model_loads(tmp_path):
 
 def test_archived_jobs_survive_an_app_restart(tmp_path):
     app, state = build(tmp_path)
-    state.services["eval_jobs"].generator_factory = FakeGenerator
+    state.services.eval_jobs.generator_factory = FakeGenerator
     with TestClient(app) as client:
         job_id = queued(client.post("/v1/eval/run", json={"inline_suite": suite_data()}))["job_id"]
         before = wait_done(client, job_id)

@@ -25,8 +25,7 @@ TAUGHT = {"messages": [*QUESTION, {"role": "assistant", "content": "Quillton."}]
 
 @pytest.fixture
 def setup(tiny_model, tokenizer, qwen_template, tmp_path):
-    engine = SimpleNamespace(tokenizer=tokenizer, template=qwen_template, actor=SimpleNamespace(
-        runner=SimpleNamespace(model=tiny_model)), info=None, identity=None)
+    engine = SimpleNamespace(tokenizer=tokenizer, template=qwen_template, model=tiny_model, info=None, identity=None)
     store = AdapterStore(tmp_path / "adapters")
     active = ActiveAdapter(store)
     swapped = []
@@ -76,7 +75,7 @@ def completion_logp(model, tokenizer, template, text: str, lora) -> float:
 
 def test_grpo_raises_the_probability_of_the_rewarded_answer(setup, tokenizer, qwen_template):
     engine, store, active, _ = setup
-    model = engine.actor.runner.model
+    model = engine.model
     groups = [{"messages": QUESTION, "completions": [{"text": "Quillton.", "reward": 1.0},
                                                      {"text": "Paris.", "reward": 0.0},
                                                      {"text": "London.", "reward": 0.0}]}]

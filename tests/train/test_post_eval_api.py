@@ -34,7 +34,7 @@ def suite(name: str, n: int, scorer: dict, prompt: str = "Tell me about item {i}
 @contextmanager
 def tiny_server(root: Path, suites: list[dict]) -> Iterator[TestClient]:
     """The whole app on a tiny llama (float32, adapters attached) in process, with `suites` stored."""
-    from kiln.engine.serving import build_serving_engine
+    from kiln.engine.serving import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     settings = Settings(model=ModelSettings(path=str(make_tiny_model(root / "tiny", arch="llama", init_std=0.3)),
@@ -43,9 +43,9 @@ def tiny_server(root: Path, suites: list[dict]) -> Iterator[TestClient]:
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
     state = ServerState(settings=settings)
     app = create_app(settings, state)
-    engine = build_serving_engine(settings)
-    engine.attach_adapters(state.services["adapter_store"], state.services.get("adapter_compose_cache"),
-                           state.services.get("adapters_active"))
+    engine = build_engine(settings)
+    engine.attach_adapters(state.services.adapter_store, state.services.adapter_compose_cache,
+                           state.services.adapters_active)
     state.engine = engine
     with TestClient(app) as c:
         for body in suites:

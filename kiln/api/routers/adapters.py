@@ -1,9 +1,9 @@
 """Adapter routes (semantics.md §1.3, §7): list, upload, download, detail, receipt, delete, merge, load/unload.
 
 Services (created by `init` unless a test put its own first):
-  state.services["adapter_store"]          AdapterStore over settings.adapter_dir
-  state.services["adapters_active"]        ActiveAdapter (the engine hooks its swap into .callbacks)
-  state.services["adapter_compose_cache"]  CompositionCache for chat `adapters:[{name, scale}]`
+  state.services.adapter_store          AdapterStore over settings.adapter_dir
+  state.services.adapters_active        ActiveAdapter (the engine hooks its swap into .callbacks)
+  state.services.adapter_compose_cache  CompositionCache for chat `adapters:[{name, scale}]`
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from starlette.types import Message, Receive
 from kiln.adapters.active import ActiveAdapter, model_spec_for
 from kiln.adapters.archive import import_error
 from kiln.adapters.compat import check_compatibility
-from kiln.adapters.compose import CompositionCache
 from kiln.adapters.merge import merge_adapters
 from kiln.adapters.peft_format import RECEIPT_FILE
 from kiln.adapters.store import NAME_CODE, AdapterStore
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.services import ensure_adapters
 from kiln.api.state import ServerState, get_state
 from kiln.errors import KilnError
 
@@ -40,17 +40,18 @@ _MULTIPART_SLACK = 64 << 10
 
 
 def init(state: ServerState) -> None:
-    store = state.services.setdefault("adapter_store", AdapterStore(state.settings.adapter_dir))
-    state.services.setdefault("adapters_active", ActiveAdapter(store))
-    state.services.setdefault("adapter_compose_cache", CompositionCache(store))
+    ensure_adapters(state)
 
 
 def _store(request: Request) -> AdapterStore:
-    return get_state(request).services["adapter_store"]
+    return ensure_adapters(get_state(request))
 
 
 def _active(request: Request) -> ActiveAdapter:
-    return get_state(request).services["adapters_active"]
+    state = get_state(request)
+    ensure_adapters(state)
+    assert state.services.adapters_active is not None
+    return state.services.adapters_active
 
 
 # -- bodies -----------------------------------------------------------------------------------------

@@ -1,13 +1,12 @@
 """Dataset routes: upload, list, show, rows, split, delete (semantics.md §1.6, §9).
 
-Needs `state.services["datasets"]`, a DatasetStore under `<data_dir>/datasets` built by `init`.
+Needs `state.services.datasets`, a DatasetStore under `<data_dir>/datasets` built by `init`.
 Handlers that touch the disk are plain `def` (or hand the work to the thread pool) because the
 store takes file locks and fsyncs.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from kiln.api.errors import read_json_body
+from kiln.api.services import ensure_datasets
 from kiln.api.state import ServerState, get_state
 from kiln.data.datasets import DatasetStore, check_dataset_name, check_split
 from kiln.data.formats import INVALID, invalid
@@ -27,12 +27,11 @@ MAX_ROWS_LIMIT = 5000
 
 
 def init(state: ServerState) -> None:
-    if "datasets" not in state.services:
-        state.services["datasets"] = DatasetStore(Path(state.settings.data.data_dir) / "datasets")
+    ensure_datasets(state)
 
 
 def _store(request: Request) -> DatasetStore:
-    return get_state(request).services["datasets"]
+    return ensure_datasets(get_state(request))
 
 
 def _text_field(form: Any, key: str) -> str | None:

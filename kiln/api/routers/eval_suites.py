@@ -6,28 +6,25 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import read_json_body
+from kiln.api.services import ensure_suites
 from kiln.api.state import ServerState, get_state
-from kiln.errors import KilnError
 from kiln.evals.suite import CODE, PREFIX, parse_suite
-from kiln.evals.suite_store import SuiteStore, suite_root
+from kiln.evals.suite_store import SuiteStore
 
 router = APIRouter(tags=["evals"])
 
-SERVICE = "eval_suites"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def init(state: ServerState) -> None:
-    state.services.setdefault(SERVICE, SuiteStore(suite_root(state.settings.data.data_dir)))
+    ensure_suites(state)
 
 
 def _store(request: Request) -> SuiteStore:
-    return get_state(request).services[SERVICE]
+    return ensure_suites(get_state(request))
 
 
-def _too_large() -> KilnError:
-    return KilnError(413, CODE, f"{PREFIX}suite body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB",
-                     hint="Split the suite, or register it from a file with the CLI.")
+
 
 
 @router.get("/v1/eval/suites")
@@ -37,12 +34,9 @@ async def list_suites(request: Request) -> JSONResponse:
 
 @router.post("/v1/eval/suites")
 async def save_suite(request: Request, force: bool = False) -> JSONResponse:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large()
-    if len(await request.body()) > MAX_BODY_BYTES:
-        raise _too_large()
-    suite = parse_suite(await read_json_body(request, code=CODE, prefix=PREFIX))
+    suite = parse_suite(await read_json_body(request, code=CODE, prefix=PREFIX, max_bytes=MAX_BODY_BYTES,
+                                             what="suite body",
+                                             hint="Split the suite, or register it from a file with the CLI."))
     path, status = _store(request).save(suite, force=force)
     return JSONResponse({"name": suite.name, "path": str(path.resolve()), "status": status})
 

@@ -1,13 +1,12 @@
 """Judgment routes: create, list, append, delete, render the judge prompt, compile, validate (§1.7, §11).
 
-Needs `state.services["judgments"]` (a JudgmentStore under `<data_dir>/judgments`) and
-`state.services["datasets"]` for compile; `init` builds both when missing. Validate queues an eval
-through `state.services["eval_jobs"]` (the EvalJobManager the eval job routes build).
+Needs `state.services.judgments` (a JudgmentStore under `<data_dir>/judgments`) and
+`state.services.datasets` for compile; `init` builds both when missing. Validate queues an eval
+through `state.services.eval_jobs` (the EvalJobManager the eval job routes build).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -16,16 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.routers.datasets import init as init_datasets
+from kiln.api.services import ensure_datasets, ensure_judgments
 from kiln.api.state import ServerState, get_state
 from kiln.data.judge_prompt import render_judge_prompt
-from kiln.data.judge_validation import ValidationPlan, plan_validation
-from kiln.data.judgment_rows import INVALID, JudgmentRow, row_from_body
+from kiln.data.judgment_rows import INVALID, row_from_body
 from kiln.data.judgments import JudgmentStore
 from kiln.errors import KilnError
-from kiln.evals.admission import admit_run
-from kiln.evals.requests import RunRequest
-from kiln.evals.suite import parse_suite
+from kiln.evals.judge_validation_job import queue_judge_validation
 from kiln.store.clock import utc_now_rfc3339
 
 router = APIRouter(tags=["evals"])
@@ -73,13 +69,11 @@ class PromoteJudgmentBody(_Body):
 
 
 def init(state: ServerState) -> None:
-    init_datasets(state)
-    if "judgments" not in state.services:
-        state.services["judgments"] = JudgmentStore(Path(state.settings.data.data_dir) / "judgments")
+    ensure_judgments(state)
 
 
 def _store(request: Request) -> JudgmentStore:
-    return get_state(request).services["judgments"]
+    return ensure_judgments(get_state(request))
 
 
 async def _body(request: Request, model: type[_Body]) -> Any:
@@ -137,31 +131,17 @@ async def compile_judgment(request: Request, name: str) -> dict[str, Any]:
     body: CompileJudgmentBody = await _body(request, CompileJudgmentBody)
     state = get_state(request)
     return await run_in_threadpool(
-        _store(request).compile, name, state.services["datasets"], body.output_dataset,
+        _store(request).compile, name, ensure_datasets(state), body.output_dataset,
         holdout_n=body.holdout_n, include_skips=body.include_skips,
     )
-
-
-def _validation_plan(store: JudgmentStore, name: str, holdout_n: int | None) -> ValidationPlan:
-    manifest = store.get(name)  # 404 before anything else
-    rows = [JudgmentRow.from_json(r) for r in store.rows(name)]
-    return plan_validation(name, rows, holdout_n=holdout_n, last_compiled_split=manifest.get("last_compiled_split"))
 
 
 @router.post("/v1/judgments/{name}/validate")
 async def validate_judgment(request: Request, name: str) -> JSONResponse:
     """Queue the held-out `judge-validate-<name>` suite against the judge adapter (semantics.md §11.4)."""
     body: PromoteJudgmentBody = await _body(request, PromoteJudgmentBody)
-    jobs = get_state(request).services.get("eval_jobs")
+    jobs = get_state(request).services.eval_jobs
     if jobs is None:
         raise KilnError(503, "eval_registry_unavailable", "judge validation needs the eval job manager, which is "
                         "not available on this server", hint="Start the server with the eval routes enabled.")
-    plan = await run_in_threadpool(_validation_plan, _store(request), name, body.holdout_n)
-    # Inline, like POST /v1/eval/run with inline_suite: nothing is registered, so a user's suite of the
-    # same name is never overwritten and the job carries the exact suite it scored.
-    job = admit_run(jobs.ctx, RunRequest(inline_suite=parse_suite(plan.suite), adapter=body.adapter))
-    jobs.generator()  # 503 while the model loads
-    jobs.ensure_started()
-    job = jobs.submit(job)
-    return JSONResponse({"status": "queued", "eval_job_id": job.job_id, "effective_seed": str(job.effective_seed),
-                         "validation_suite": plan.suite_name, "warnings": plan.warnings})
+    return JSONResponse(await queue_judge_validation(jobs, _store(request), name, body.adapter, body.holdout_n))

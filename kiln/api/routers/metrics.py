@@ -1,7 +1,8 @@
 """GET /metrics: Prometheus text exposition (semantics.md §13.1, thinking-budget metrics §2.6).
 
-Request-level series are recorded by the inference routers through `KilnMetrics` (found in
-`state.services["metrics"]`); engine-level series (scheduler, KV blocks, prefix cache, token totals,
+Request-level series are recorded by `KilnMetrics` (`state.services.metrics`), which observes every
+finished chat and batch completion (`completion_finished`) and counts requests refused before the
+engine took them (`counting_refusals`); engine-level series (scheduler, KV blocks, prefix cache, token totals,
 memory) are read from the engine at scrape time. Each app has its own registry, so several apps in
 one process (tests) never share series.
 """
@@ -9,6 +10,7 @@ one process (tests) never share series.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,10 +29,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kiln.api.services import ensure_metrics
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import outcome_label
+from kiln.engine.chat_response import FinishedCompletion, status_of
+from kiln.engine.timing import now
+from kiln.errors import KilnError
 
 router = APIRouter(tags=["observability"])
+log = logging.getLogger("kiln.api")
 
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 240, 300, 420, 600, 900)
 PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -74,6 +81,8 @@ class KilnMetrics:
                                        "Effective finite thinking-token limits.", buckets=TOKEN_BUCKETS, registry=r)
         self.budget_seconds = Histogram("kiln_thinking_budget_effective_seconds",
                                         "Effective finite thinking-time limits.", buckets=REQUEST_BUCKETS, registry=r)
+        self.stream_stalls = Counter("kiln_stream_stalls", "Streamed inter-token gaps longer than "
+                                     "server.stream_stall_grace_ms.", registry=r)
         self.finished_requests = Counter(
             "kiln_requests_finished", "Finished chat and batch requests by kind, finish reason and adapter.",
             ["kind", "finish_reason", "adapter"], registry=r)
@@ -82,23 +91,44 @@ class KilnMetrics:
         self.generation_tokens = Histogram("kiln_request_generation_tokens",
                                            "Completion tokens of each finished request.", buckets=TOKEN_BUCKETS,
                                            registry=r)
+        self.state = state
         r.register(_EngineCollector(state))
         self._in_flight = 0
         self._peak = 0
         self._adapter_labels: set[str] = set()
 
-    # ---- request lifecycle ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def in_flight(self) -> Iterator[None]:
+    # ---- request lifecycle (kiln.engine.serving.CompletionObserver, through ServerState) ------------
+    def completion_started(self) -> None:
         self._in_flight += 1
         self._peak = max(self._peak, self._in_flight)
         self.active.set(self._in_flight)
         self.active_peak.set(self._peak)
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            self.active.set(self._in_flight)
+
+    def completion_finished(self, done: FinishedCompletion) -> None:
+        self._in_flight -= 1
+        self.active.set(self._in_flight)
+        if done.status == "ok":
+            if done.timeline is not None:
+                self.observe_timeline(done.timeline)
+            if done.budget is not None:
+                self.observe_budget(done.budget, done.budget_outcomes)
+        if done.status != "cancelled":  # a client that went away is neither a success nor a failure
+            self.finished(done.status, done.seconds)
+        if done.streamed and done.timeline is not None:
+            self._count_stalls(done)
+
+    def _count_stalls(self, done: FinishedCompletion) -> None:
+        """server.stream_stall_grace_ms: a streamed gap between two tokens longer than this is a stall
+        a reader notices; each is counted and logged with the phase that held the token up."""
+        grace = self.state.settings.server.stream_stall_grace_ms
+        timeline = done.timeline
+        assert timeline is not None
+        for rec, gap_ms in timeline.gaps():
+            if gap_ms > grace:
+                self.stream_stalls.inc()
+                phase, _ = timeline.blocking_phase(rec)
+                log.warning("stream %s stalled %.0f ms before token %d (over the %.0f ms grace; mostly %s)",
+                            done.request_id, gap_ms, rec.index, grace, phase or "unmeasured")
 
     def finished(self, status: str, seconds: float) -> None:
         self.requests.labels(status=status).inc()
@@ -148,12 +178,17 @@ class KilnMetrics:
         return name
 
 
-def status_of(http_status: int) -> str:
-    if http_status == 408:
-        return "timeout"
-    if 400 <= http_status < 500:
-        return "rejected"
-    return "error" if http_status >= 500 else "ok"
+@contextlib.contextmanager
+def counting_refusals(state: ServerState, started: float) -> Iterator[None]:
+    """A request refused before the engine took it (bad body, model loading, a rule the served model
+    decides) still counts in kiln_requests_total, by the class of its status."""
+    try:
+        yield
+    except Exception as e:
+        if state.services.metrics is not None:
+            status = status_of(e.status) if isinstance(e, KilnError) else "error"
+            state.services.metrics.finished(status, now() - started)
+        raise
 
 
 class _EngineCollector(Collector):
@@ -168,54 +203,47 @@ class _EngineCollector(Collector):
         engine = self.state.engine
         if engine is None:
             return
-        actor = engine.actor
-        sched = engine.scheduler_snapshot()
-        bm = actor.block_manager
-        counters = actor.counters
+        st = engine.stats()
+        sched, counters, prefix = st.scheduler, st.counters, st.prefix_cache
         yield _gauge("kiln_scheduler_waiting", "Sequences waiting for admission.", sched["waiting"])
         yield _gauge("kiln_scheduler_running", "Sequences in the running batch.", sched["running"])
         yield _gauge("kiln_blocks_used", "KV-cache blocks in use.", sched["blocks_used"])
         yield _gauge("kiln_blocks_total", "KV-cache blocks in the pool.", sched["blocks_total"])
-        yield _gauge("kiln_kv_cache_usage_ratio", "Share of KV-cache blocks in use (0..1).", bm.usage)
+        yield _gauge("kiln_kv_cache_usage_ratio", "Share of KV-cache blocks in use (0..1).", st.kv_usage)
         yield _counter("kiln_tokens_generated", "Tokens sampled by the engine.", counters.tokens_generated)
         yield _counter("kiln_request_prefill_tokens_completed", "Prompt tokens the engine computed.",
                        counters.prefill_tokens)
         yield _counter("kiln_engine_steps", "Model steps the engine ran.", counters.steps)
-        yield _counter("kiln_scheduler_preemptions", "Sequences preempted for KV space.",
-                       actor.scheduler.num_preemptions)
+        yield _counter("kiln_scheduler_preemptions", "Sequences preempted for KV space.", st.preemptions)
         yield _counter("kiln_prompts_scored", "Prompts scored by POST /v1/completions.", counters.prompts_scored)
-        stats = bm.stats
-        yield _counter("kiln_prefix_cache_lookups", "Allocations that consulted the prefix cache.", stats.lookups)
-        yield _counter("kiln_prefix_cache_hit_blocks", "KV blocks reused from the prefix cache.", stats.hit_blocks)
-        yield _counter("kiln_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache.", stats.hit_tokens)
-        yield _gauge("kiln_prefix_cache_cached_blocks", "Blocks registered in the prefix cache.", bm.num_cached_blocks)
-        yield _gauge("kiln_prefix_cache_max_blocks", "Most blocks the prefix cache can hold.", bm.num_blocks)
-        runner = actor.runner
-        yield _gauge("kiln_vram_model_bytes", "Bytes of model weights on the device.", runner.model_bytes)
-        yield _gauge("kiln_vram_kv_cache_bytes", "Bytes of the KV-cache pool.", runner.kv_cache_bytes)
-        active = self.state.services.get("adapters_active")
+        yield _counter("kiln_prefix_cache_lookups", "Allocations that consulted the prefix cache.", prefix.lookups)
+        yield _counter("kiln_prefix_cache_hit_blocks", "KV blocks reused from the prefix cache.", prefix.hit_blocks)
+        yield _counter("kiln_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache.",
+                       prefix.hit_tokens)
+        yield _gauge("kiln_prefix_cache_cached_blocks", "Blocks registered in the prefix cache.",
+                     st.prefix_cached_blocks)
+        yield _gauge("kiln_prefix_cache_max_blocks", "Most blocks the prefix cache can hold.", st.prefix_max_blocks)
+        yield _gauge("kiln_vram_model_bytes", "Bytes of model weights on the device.", st.memory.model_bytes)
+        yield _gauge("kiln_vram_kv_cache_bytes", "Bytes of the KV-cache pool.", st.memory.kv_cache_bytes)
         yield _gauge("kiln_active_adapter", "1 when a saved adapter is active, else 0.",
-                     1 if getattr(active, "name", None) else 0)
-
-
-        decode = getattr(actor, "decode_stats", None)
-        if decode is not None:
-            snap = decode.snapshot(time.perf_counter())
-            yield _gauge("kiln_decode_tokens_per_second", "Decode throughput over the rolling window.",
-                         snap.tok_per_sec)
-            yield _gauge("kiln_decode_itl_mean_seconds", "Mean inter-token latency over the rolling window.",
-                         snap.mean_itl_ms / 1000.0)
-            yield _gauge("kiln_decode_itl_p50_seconds", "Median inter-token latency over the rolling window.",
-                         snap.p50_itl_ms / 1000.0)
-            yield _gauge("kiln_decode_itl_p99_seconds", "p99 inter-token latency over the rolling window.",
-                         snap.p99_itl_ms / 1000.0)
-            yield _gauge("kiln_decode_itl_samples", "Inter-token gaps in the rolling window.", snap.sample_count)
-            yield _gauge("kiln_decode_window_seconds", "Length of the decode-stats rolling window.",
-                         snap.window_secs)
+                     1 if self.state.services.active_adapter_name() else 0)
+        decode = getattr(getattr(engine, "actor", None), "decode_stats", None)
+        if decode is None:  # a test's stand-in engine
+            return
+        snap = decode.snapshot(time.perf_counter())
+        yield _gauge("kiln_decode_tokens_per_second", "Decode throughput over the rolling window.", snap.tok_per_sec)
+        yield _gauge("kiln_decode_itl_mean_seconds", "Mean inter-token latency over the rolling window.",
+                     snap.mean_itl_ms / 1000.0)
+        yield _gauge("kiln_decode_itl_p50_seconds", "Median inter-token latency over the rolling window.",
+                     snap.p50_itl_ms / 1000.0)
+        yield _gauge("kiln_decode_itl_p99_seconds", "p99 inter-token latency over the rolling window.",
+                     snap.p99_itl_ms / 1000.0)
+        yield _gauge("kiln_decode_itl_samples", "Inter-token gaps in the rolling window.", snap.sample_count)
+        yield _gauge("kiln_decode_window_seconds", "Length of the decode-stats rolling window.", snap.window_secs)
 
 
 def _service_metrics(state: ServerState) -> Iterator[Any]:
-    recorder = state.services.get("recorder")
+    recorder = state.services.recorder
     if recorder is not None:
         yield _gauge("kiln_recent_requests", "Requests held by the recent-request ring.", len(recorder.ring))
         rlog = recorder.request_log
@@ -225,7 +253,7 @@ def _service_metrics(state: ServerState) -> Iterator[Any]:
                            rlog.stats.dropped)
             yield _counter("kiln_request_log_write_errors", "Rows or flushes the disk refused.", rlog.stats.errors)
             yield _gauge("kiln_request_log_queued_rows", "Rows waiting for the request-log writer.", rlog.queued)
-    corrections = state.services.get("corrections")
+    corrections = state.services.corrections
     if corrections is not None:
         family = GaugeMetricFamily("kiln_corrections", "Stored corrections by state.", labels=["state"])
         for st, n in corrections.counts().items():
@@ -244,11 +272,11 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 def init(state: ServerState) -> None:
     # `*_created` timestamp series double the exposition and no dashboard reads them
     disable_created_metrics()
-    state.services.setdefault("metrics", KilnMetrics(state))
+    ensure_metrics(state)
 
 
 def metrics_for(state: ServerState) -> KilnMetrics | None:
-    return state.services.get("metrics")
+    return state.services.metrics
 
 
 @router.get("/metrics")

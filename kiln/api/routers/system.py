@@ -26,8 +26,8 @@ def _gb(n: float) -> float:
 def _memory(engine: Any) -> dict[str, Any]:
     """Accelerator memory; on a CPU device there is no VRAM (total 0, fraction null) and the model and
     KV sizes are the host memory they occupy."""
-    model_b = engine.actor.runner.model_bytes
-    kv_b = engine.actor.runner.kv_cache_bytes
+    mem = engine.memory()
+    model_b, kv_b = mem.model_bytes, mem.kv_cache_bytes
     total = 0
     if engine.info.device.startswith("cuda") and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.device(engine.info.device)).total_memory
@@ -37,13 +37,25 @@ def _memory(engine: Any) -> dict[str, Any]:
 
 
 def _adapters(state: ServerState) -> tuple[str, int]:
-    active = state.services.get("adapters_active")
-    store = state.services.get("adapter_store")
+    store = state.services.adapter_store
     try:
         count = len(store.names()) if store is not None else 0
     except OSError:
         count = 0
-    return (getattr(active, "name", None) or "base"), count
+    return state.services.active_adapter_name() or "base", count
+
+
+def _training(state: ServerState) -> dict[str, Any]:
+    """§13.2 `training {active_job {job_id, progress}?, queued}`: active_job only while a job runs."""
+    manager = state.services.training
+    if manager is None:
+        return {"queued": 0}
+    summary = manager.active_summary()
+    out: dict[str, Any] = {}
+    if summary.get("active_job") is not None:
+        out["active_job"] = summary["active_job"]
+    out["queued"] = summary["queued"]
+    return out
 
 
 @router.get("/health")
@@ -65,11 +77,11 @@ async def health(request: Request) -> JSONResponse:
         "scheduler": engine.scheduler_snapshot() if engine is not None else
         {"waiting": 0, "running": 0, "blocks_used": 0, "blocks_free": 0, "blocks_total": 0},
         "gpu_memory": _memory(engine) if engine is not None else None,
-        "training": {"queued": 0},
+        "training": _training(state),
         "checks": [
             {"name": "model_loaded", "pass": loaded},
             {"name": "scheduler_responsive", "pass": responsive},
-            {"name": "inference_prewarm_complete", "pass": bool(engine is not None and engine.actor.prewarmed)},
+            {"name": "inference_prewarm_complete", "pass": bool(engine is not None and engine.prewarmed)},
         ],
     }
     if state.load_error:
@@ -85,7 +97,7 @@ async def list_models(request: Request) -> JSONResponse:
     if engine is not None:
         base = engine.info.served_model_id
         data.append({"id": base, "object": "model", "created": engine.info.created, "owned_by": "kiln"})
-        store = state.services.get("adapter_store")
+        store = state.services.adapter_store
         # Adapters are models too (as vLLM lists LoRA modules): select one with `adapter`, or by id.
         for info in store.list() if store is not None else []:
             data.append({"id": info.name, "object": "model", "created": engine.info.created, "owned_by": "kiln",

@@ -1,14 +1,17 @@
 """Wire model for POST /v1/completions/batch (inference-api.txt, BatchCompletionRequest: 23 fields).
 
 Validation order follows semantics.md §5.1: prompts present, n >= 1, prompts x n <= 64, then the
-adapter rules (checked by the router with `check_adapter_selection`).
+adapter rules (kiln.engine.chat_request.resolve_adapter).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import model_validator
 
 from kiln.api.wire.common import MAX_OUTPUTS, AdapterRef, ChatMessageInput, GenerationFields
+from kiln.engine.chat_request import ChatInput
 from kiln.errors import KilnError
 
 PREFIX = "Invalid batch completion request: "
@@ -41,3 +44,11 @@ class BatchCompletionRequest(GenerationFields):
     def adapter_fields(self) -> tuple[str | None, list[AdapterRef] | None, bool]:
         """Batch rejects a string adapter together with an adapters array (adapter: null is fine)."""
         return self.adapter, self.adapters, isinstance(self.adapter, str) and self.adapters is not None
+
+    def to_input(self) -> ChatInput:
+        """The request-wide fields; the prompts go beside it (`prompt_dicts`)."""
+        return self.chat_input([], both_adapters=self.adapter_fields()[2], code="batch_invalid_request",
+                               prefix=PREFIX)
+
+    def prompt_dicts(self) -> list[list[dict[str, Any]]]:
+        return [[m.model_dump(exclude_none=True) for m in messages] for messages in self.prompts]

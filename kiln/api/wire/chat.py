@@ -2,7 +2,7 @@
 
 Unknown request fields are accepted and ignored, as the contract says. Every rule the contract
 states about one request is checked here and fails as a 400 naming the field; rules that need the
-served model (context length, thinking-budget fit) are checked by the router.
+served model (context length, thinking-budget fit) are checked by kiln.engine.chat_request.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from kiln.api.wire.common import (
     GenerationFields,
     StreamOptions,
 )
+from kiln.engine.chat_request import ChatInput
 from kiln.errors import KilnError
 
 CHAT_MAX_CHOICES = MAX_OUTPUTS
@@ -86,3 +87,14 @@ class ChatCompletionRequest(GenerationFields):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def to_input(self) -> ChatInput:
+        inp = self.chat_input(self.message_dicts(), both_adapters=self.adapter_fields()[2],
+                              code="chat_invalid_request", prefix=PREFIX)
+        inp.fold_reasoning = self.fold_reasoning_into_content
+        inp.include_performance = self.include_performance
+        inp.include_config_hashes = self.include_config_hashes
+        inp.rollout_provenance = self.rollout_provenance
+        inp.stream = self.stream
+        inp.include_usage = bool(self.stream_options and self.stream_options.include_usage)
+        return inp

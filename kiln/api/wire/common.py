@@ -1,5 +1,6 @@
-"""Wire pieces shared by the chat and batch requests (inference-api.txt): messages, adapter refs,
-the sampling and thinking-budget fields, and the adapter-selection rules."""
+"""Wire pieces shared by the chat and batch requests (inference-api.txt): messages, adapter refs, the
+sampling and thinking-budget fields, and `chat_input`, which hands a request to the engine side. The
+adapter-selection rules live with adapter resolution (kiln.engine.chat_request.resolve_adapter)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kiln.errors import KilnError
-from kiln.store.names import validate_name
+from kiln.engine.chat_request import AdapterSelection, ChatInput
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 MAX_OUTPUTS = 64  # CHAT_MAX_CHOICES and BATCH_MAX_TOTAL_OUTPUTS
-MAX_COMPOSE_ADAPTERS = 16
 
 
 class ChatMessageInput(BaseModel):
@@ -99,34 +98,18 @@ class GenerationFields(BaseModel):
     def max_tokens_param(self) -> str:
         return "max_tokens" if self.max_tokens is not None else "max_completion_tokens"
 
+    def chat_input(self, messages: list[dict[str, Any]], *, both_adapters: bool, code: str,
+                   prefix: str) -> ChatInput:
+        """The engine-side request (kiln.engine.chat_request): plain data, nothing decided yet."""
+        return ChatInput(
+            messages=messages, tools=self.tools, tool_choice=self.tool_choice, sampling=self.explicit_sampling(),
+            sampling_preset=self.sampling_preset, stop=self.stop_list(keep_empty=True), ignore_eos=self.ignore_eos,
+            n=self.n or 1, chat_template_kwargs=self.chat_template_kwargs, budget_fields=self.budget_fields(),
+            adapter=AdapterSelection(self.adapter, self.adapters, "adapter" in self.model_fields_set, both_adapters),
+            max_tokens_param=self.max_tokens_param, code=code, prefix=prefix,
+        )
+
     def budget_fields(self) -> dict[str, Any]:
         """The thinking-budget fields the request carried (absent = inherit, null = unlimited)."""
         return {k: getattr(self, k) for k in ("thinking_budget_tokens", "thinking_budget_ms")
                 if k in self.model_fields_set}
-
-
-def check_adapter_selection(adapter: str | None, adapters: list[AdapterRef] | None, *, both_given: bool,
-                            prefix: str) -> str | None:
-    """Validate `adapter` / `adapters` and return the named adapter the request selects (None = base).
-
-    Rules (semantics.md §4.7, §5.1): not both; `adapters` not empty, at most 16, every name one safe
-    path segment. Whether the adapter exists is the engine's question (ServingEngine.resolve_adapter).
-    """
-    if both_given:
-        raise KilnError(400, "invalid_compose_request", f"{prefix}give either adapter or adapters, not both",
-                        param="adapters", hint="Send one adapter name, or an adapters list to compose.")
-    if adapters is not None:
-        if not adapters:
-            raise KilnError(400, "invalid_compose_request", f"{prefix}adapters must list at least one adapter",
-                            param="adapters", hint="Leave adapters out (or null) to use the base model.")
-        if len(adapters) > MAX_COMPOSE_ADAPTERS:
-            raise KilnError(400, "invalid_compose_request",
-                            f"{prefix}adapters lists {len(adapters)} adapters; at most {MAX_COMPOSE_ADAPTERS} compose",
-                            param="adapters", hint=f"Compose at most {MAX_COMPOSE_ADAPTERS} adapters.")
-        for i, ref in enumerate(adapters):
-            validate_name(ref.name, kind="adapter", param=f"adapters[{i}].name", code="invalid_adapter_name")
-        return adapters[0].name
-    if adapter:
-        validate_name(adapter, kind="adapter", param="adapter", code="invalid_adapter_name")
-        return adapter
-    return None

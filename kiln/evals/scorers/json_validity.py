@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from kiln.core.brackets import matching_close
 from kiln.evals.scorers.base import Example, ScoreContext, ScoreResult, SpecModel, failed, invalid, passed
+from kiln.store.strict_json import loads_strict
 
 MISSING = object()
 
@@ -14,32 +16,6 @@ class JsonValiditySpec(SpecModel):
     kind: Literal["json_validity"] = "json_validity"
     require_object: bool = False
     required_paths: list[str] = []
-
-
-def matching_close(text: str, start: int) -> int | None:
-    """Index just past the bracket closing `text[start]` (same bracket kind), or None if unterminated."""
-    opener = text[start]
-    closer = "}" if opener == "{" else "]"
-    depth = 0
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c == opener:
-            depth += 1
-        elif c == closer:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
 
 
 def extract_json_text(text: str) -> str:
@@ -53,12 +29,8 @@ def extract_json_text(text: str) -> str:
     return text[start:] if end is None else text[start:end]
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_json(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant)
+    return loads_strict(text)
 
 
 def resolve_pointer(doc: Any, pointer: str) -> Any:

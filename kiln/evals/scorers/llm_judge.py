@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from kiln.evals.messages import message_text
+from kiln.core.messages import message_text
 from kiln.evals.scorers.base import (
     Example,
     ScoreContext,

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from kiln.evals.messages import message_text
+from kiln.core.messages import message_text
 from kiln.evals.scorers.base import (
     Example,
     ScoreContext,

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kiln.errors import KilnError
-from kiln.evals.generation import GenerationParams
+from kiln.evals.generation import GenerationParams, u64_from_string
 from kiln.evals.scorers import ScorerSpec
 from kiln.evals.suite import Aggregation, SingleAggregation, tool_name
 from kiln.store.names import validate_name
@@ -48,10 +48,7 @@ class Sampling(_Wire):
     @field_validator("seed", mode="before")
     @classmethod
     def _seed_from_string(cls, v: Any) -> Any:
-        # u64 fields accept a decimal string too (JavaScript clients cannot hold every u64).
-        if isinstance(v, str) and v.isascii() and v.isdigit():
-            return int(v)
-        return v
+        return u64_from_string(v)
 
 
 # The contract's serde quirk: no `sampling` object at all caps the suite at 100 examples, while an

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.core.messages import message_text
 from kiln.errors import KilnError
 from kiln.evals.example_id import derive_example_id
-from kiln.evals.messages import message_text
 from kiln.evals.scorers import scorer_to_json
 from kiln.evals.suite import CURRENT_SCHEMA_VERSION, EvalSuite, aggregation_to_json, parse_suite
 from kiln.evals.synthesis.autodetect import EXACT_MATCH, detect_scorer

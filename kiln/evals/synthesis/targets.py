@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kiln.core.messages import message_text
 from kiln.core.tool_calls import (
     ParsedToolCall,
     iter_tag_blocks,
@@ -20,7 +21,6 @@ from kiln.core.tool_calls import (
     parse_block_body,
     parse_xml_body,
 )
-from kiln.evals.messages import message_text
 from kiln.evals.scorers.code import normalize_language
 from kiln.evals.thinking import split_thinking
 

@@ -1,4 +1,4 @@
-"""The batching actor (one thread owns the model) and its asyncio bridge.
+"""The batching actor (`EngineActor`: one thread owns the model) and its asyncio bridge (`ActorBridge`).
 
 HTTP handlers never touch the model: they submit a request to the actor's inbox and read token
 events from an asyncio queue the actor fills with `loop.call_soon_threadsafe`. Between steps the
@@ -119,7 +119,7 @@ class EngineCounters:
     prompts_scored: int = 0
 
 
-class LLMEngine:
+class EngineActor:
     """The actor thread: schedule a step, run it, turn sampled tokens into choice events."""
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, *, block_size: int, num_blocks: int,
@@ -276,14 +276,12 @@ class LLMEngine:
                 choice.stats.idle_ms += idle
                 choice.idle_ms += idle
             return
-        prefilling = {it.seq.seq_id: it.num_new_tokens > 1 or it.seq.num_computed_tokens < it.seq.num_prompt_tokens
-                      for it in out.items}
+        prefilling = {it.seq.seq_id: it.is_prefill for it in out.items}
         for it in out.items:
             choice = self._choices.get(it.seq.seq_id)
             if choice is not None and choice.stats.admitted_at is None:
                 choice.stats.admitted_at = started
-        results = self.runner.step(out)
-        timing = self.runner.last_timing
+        results, timing = self.runner.step(out)
         self._account(out, prefilling, timing, results)
         for seq_id, res in results.items():
             choice = self._choices.get(seq_id)
@@ -383,10 +381,10 @@ class GenerationRequest:
     adapter: AdapterTarget | None = None
 
 
-class AsyncEngine:
-    """The asyncio face of the actor: `async for event in engine.generate(...)`."""
+class ActorBridge:
+    """The asyncio side of the actor's queues: `async for i, event in bridge.submit([...])`."""
 
-    def __init__(self, actor: LLMEngine) -> None:
+    def __init__(self, actor: EngineActor) -> None:
         self.actor = actor
         self._ids = itertools.count(1)
 
@@ -394,10 +392,10 @@ class AsyncEngine:
                        request_id: str | None = None,
                        budgets: list[ThinkingBudgetController | None] | None = None,
                        adapter: AdapterTarget | None = None) -> AsyncIterator[ChoiceEvent]:
-        async for _, ev in self.generate_many([GenerationRequest(prompt_ids, params, budgets, request_id, adapter)]):
+        async for _, ev in self.submit([GenerationRequest(prompt_ids, params, budgets, request_id, adapter)]):
             yield ev
 
-    async def generate_many(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, ChoiceEvent]]:
+    async def submit(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, ChoiceEvent]]:
         """Events of several requests, submitted to the actor at once, as (request index, event)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, ChoiceEvent]] = asyncio.Queue()
