@@ -146,7 +146,8 @@ def ensure_recorder(state: ServerState) -> CompletionRecorder:
             request_log = RequestLog(settings.request_log_dir, max_file_bytes=rl.max_file_bytes,
                                      max_total_bytes=rl.max_total_bytes, compress=rl.compress,
                                      max_row_bytes=rl.max_capture_bytes, queue_rows=rl.queue_rows)
-        s.recorder = CompletionRecorder(RecentRequests(settings.stats.recent_requests), request_log,
+        ring = RecentRequests(settings.stats.recent_requests, preview_chars=settings.stats.preview_chars)
+        s.recorder = CompletionRecorder(ring, request_log,
                                         listeners=[s.metrics.observe_record] if s.metrics is not None else [])
     return s.recorder
 

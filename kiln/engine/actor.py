@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from kiln.core.block_manager import BlockManager
 from kiln.core.budget_controller import ThinkingBudgetController
-from kiln.core.decode_stats import DEFAULT_WINDOW_SECS, DecodeWindow
+from kiln.core.decode_stats import DecodeWindow
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
@@ -124,7 +124,7 @@ class EngineActor:
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, *, block_size: int, num_blocks: int,
                  max_num_seqs: int, max_batch_tokens: int, enable_prefix_caching: bool = True,
-                 prefill_cost_with_decodes: int = 0, decode_window_secs: float = DEFAULT_WINDOW_SECS) -> None:
+                 prefill_cost_with_decodes: int = 0, decode_stats: DecodeWindow | None = None) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
@@ -140,7 +140,7 @@ class EngineActor:
         self.last_step_at = time.monotonic()
         self.counters = EngineCounters()
         # per-sequence inter-token gaps over a rolling window (GET /v1/stats/decode)
-        self.decode_stats = DecodeWindow(decode_window_secs)
+        self.decode_stats = decode_stats or DecodeWindow()
         self.prewarmed = False
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -392,8 +392,10 @@ def rejected_record(kind: str, inp: ChatInput, *, model: str, request_id: str, s
 class RecentRequests:
     """The last `capacity` records, newest first; thread-safe (handlers on the loop, threadpool readers)."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, capture_chars: int = RING_CAPTURE_CHARS) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, capture_chars: int = RING_CAPTURE_CHARS,
+                 preview_chars: int = DEFAULT_PREVIEW_CHARS) -> None:
         self.capacity = max(1, capacity)
+        self.preview_chars = preview_chars   # what `rows` previews of each prompt and completion
         self.capture_chars = capture_chars
         self._items: deque[CompletionRecord] = deque(maxlen=self.capacity)
         self._lock = threading.Lock()
@@ -409,6 +411,12 @@ class RecentRequests:
         with self._lock:
             items = list(reversed(self._items))
         return items if limit is None else items[:limit]
+
+    def rows(self, limit: int | None = None, *, status: str | None = None,
+             kind: str | None = None) -> list[dict[str, Any]]:
+        """The wire rows of GET /v1/stats/recent-requests, newest first."""
+        recs = [r for r in self.list() if (status is None or r.status == status) and (kind is None or r.kind == kind)]
+        return [r.recent(self.preview_chars) for r in recs[:limit]]
 
     def find(self, record_id: str) -> CompletionRecord | None:
         """By response id (chatcmpl-...), else by the client's request id; the newest match."""

@@ -114,11 +114,8 @@ async def recent_requests(request: Request) -> JSONResponse:
     limit = _limit(request, ring.capacity)
     status = _choice(request, "status", STATUSES)
     kind = _choice(request, "kind", ("chat", "batch"))
-    preview = state.settings.stats.preview_chars
-    rows = [r for r in ring.list() if (status is None or r.status == status) and (kind is None or r.kind == kind)]
-    return JSONResponse({"object": "list", "data": [r.recent(preview) for r in rows[:limit]],
+    return JSONResponse({"object": "list", "data": ring.rows(limit, status=status, kind=kind),
                          "capacity": ring.capacity})
-
 
 @router.get("/v1/stats/decode")
 async def decode_stats(request: Request) -> JSONResponse:
