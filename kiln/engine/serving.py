@@ -16,7 +16,7 @@ import torch
 
 from kiln.config import Settings
 from kiln.core.block_manager import PrefixCacheStats
-from kiln.core.decode_stats import DecodeWindow
+from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
@@ -220,6 +220,10 @@ class Engine:
     def memory(self) -> MemoryUse:
         runner = self.actor.runner
         return MemoryUse(runner.model_bytes, runner.kv_cache_bytes)
+
+    def decode_stats(self) -> DecodeSnapshot:
+        """Decode throughput and inter-token latency over the actor's rolling window, now."""
+        return self.actor.decode_stats.snapshot(time.perf_counter())
 
     def stats(self) -> EngineStats:
         """The actor's totals and the KV pool's state, for /metrics (lock-free reads, like the snapshot)."""

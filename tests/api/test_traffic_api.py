@@ -205,6 +205,7 @@ def test_decode_stats_report_the_window_and_the_scheduler(client):
 
 def test_metrics_count_finished_requests_by_finish_reason_and_adapter(client):
     chat(client, max_tokens=1)
+    chat(client, messages=[{"role": "user", "content": "word " * 400}])   # rejected: context overflow
     text = client.get("/metrics").text
     assert 'kiln_requests_finished_total{adapter="base",finish_reason="length",kind="chat"}' in text
     assert 'kiln_requests_finished_total{adapter="base",finish_reason="error",kind="chat"}' in text

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -227,10 +226,7 @@ class _EngineCollector(Collector):
         yield _gauge("kiln_vram_kv_cache_bytes", "Bytes of the KV-cache pool.", st.memory.kv_cache_bytes)
         yield _gauge("kiln_active_adapter", "1 when a saved adapter is active, else 0.",
                      1 if self.state.services.active_adapter_name() else 0)
-        decode = getattr(getattr(engine, "actor", None), "decode_stats", None)
-        if decode is None:  # a test's stand-in engine
-            return
-        snap = decode.snapshot(time.perf_counter())
+        snap = engine.decode_stats()
         yield _gauge("kiln_decode_tokens_per_second", "Decode throughput over the rolling window.", snap.tok_per_sec)
         yield _gauge("kiln_decode_itl_mean_seconds", "Mean inter-token latency over the rolling window.",
                      snap.mean_itl_ms / 1000.0)

@@ -12,7 +12,6 @@ The decode window lives on the engine actor (`actor.decode_stats`), which feeds 
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -122,7 +121,7 @@ async def decode_stats(request: Request) -> JSONResponse:
     engine = get_state(request).engine
     if engine is None:
         raise model_loading()
-    snap = engine.actor.decode_stats.snapshot(time.perf_counter())
+    snap = engine.decode_stats()
     sched = engine.scheduler_snapshot()
     total = sched["blocks_total"]
     return JSONResponse({
