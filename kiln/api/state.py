@@ -60,7 +60,9 @@ class ServerState:
         if self.services.recorder is not None:
             from kiln.engine.records import record_from_finished
 
-            self.services.recorder.finished(record_from_finished(done))
+            rec = record_from_finished(done)
+            if rec is not None:
+                self.services.recorder.finished(rec)
 
 
 def get_state(request: Request) -> ServerState:

@@ -295,8 +295,9 @@ def rehearsal_rows(records: Iterable[CompletionRecord], n: int, *, exclude_ids: 
 
 # ---- from the request path ------------------------------------------------------------------------
 
-def record_from_finished(done: FinishedCompletion) -> CompletionRecord:
-    """The record of a completion at `Engine.finish_completion` (kiln.engine.chat_response)."""
+def record_from_finished(done: FinishedCompletion) -> CompletionRecord | None:
+    """The record of a completion at `Engine.finish_completion` (kiln.engine.chat_response); None for
+    one that carries no prepared request (nothing to record)."""
     from kiln.engine.chat_request import PreparedBatch
     from kiln.engine.serving import sampling_dict
 
@@ -304,7 +305,8 @@ def record_from_finished(done: FinishedCompletion) -> CompletionRecord:
     ended = done.status == OK
     if isinstance(prep, PreparedBatch):
         return _batch_record(done, prep, ended)
-    assert prep is not None
+    if prep is None:
+        return None
     choices = [_choice(out, i, prep.thinking_enabled, prep.parse_tools, prep.fold, prep.inp)
                for i, out in enumerate(done.outputs)]
     outcome = done.outputs[0].outcome if done.outputs and ended else None
