@@ -31,6 +31,14 @@ class ServerSettings:
     chat_config_hash_metadata: bool = False
     stream_stall_grace_ms: float = 2000.0
     log_level: str = "info"
+    # text | json (one object per line, with request_id and an access line's fields)
+    log_format: str = "text"
+    # one `kiln.access` line per request: method, path, status, duration, tokens, TTFT, adapter, finish
+    access_log: bool = True
+    # POST /v1/load_lora_adapter may import a `lora_path` outside the adapter directory into the store
+    # (vLLM gates runtime loading the same way, with VLLM_ALLOW_RUNTIME_LORA_UPDATING). Off: only the
+    # stored adapter's own folder is accepted.
+    allow_external_lora_paths: bool = False
 
 
 @dataclass
@@ -45,6 +53,8 @@ class ModelSettings:
     # Weights the serving path multiplies with: none (dense) | gguf (a GGUF's own 4/8-bit blocks, CPU)
     # | q8_0 | q4_1 (quantize every projection). Quantized paths use 8-bit activations, as llama.cpp does.
     quantization: str = "none"
+    # PEFT adapter folders imported into the adapter store at start, as NAME=PATH (vLLM's --lora-modules)
+    lora_modules: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -172,6 +182,12 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             return float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if get_origin(typ) is list:
+        if isinstance(value, str):  # an environment variable: comma-separated
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, get_args(typ)[0], where) for v in value]
     if typ is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
@@ -243,6 +259,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"model.dtype: expected auto|float32|bfloat16|float16, got {s.model.dtype!r}")
     if s.model.quantization not in {"none", "gguf", "q8_0", "q4_1"}:
         raise ConfigError(f"model.quantization: expected none|gguf|q8_0|q4_1, got {s.model.quantization!r}")
+    if s.server.log_format not in {"text", "json"}:
+        raise ConfigError(f"server.log_format: expected text|json, got {s.server.log_format!r}")
+    for spec in s.model.lora_modules:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigError(f"model.lora_modules: expected NAME=PATH, got {spec!r}")
     if s.model.device not in {"auto", "cpu", "cuda"}:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
     if s.engine.prefill_cost_with_decodes < 0:

@@ -238,6 +238,39 @@ def _decode_window(s: Settings) -> float:
     return decode_window(s).window_secs
 
 
+def _log_formatter(s: Settings) -> str:
+    from kiln.api.request_log import formatter_for
+
+    return type(formatter_for(s.server.log_format)).__name__
+
+
+def _access_log(s: Settings) -> bool:
+    from kiln.api.app import create_app
+
+    app = create_app(s, _state(s))
+    return [m.kwargs for m in app.user_middleware if m.cls.__name__ == "RequestIdMiddleware"][0]["access_log"]
+
+
+def _outside_lora_path(s: Settings) -> int:
+    from fastapi.testclient import TestClient
+
+    from kiln.api.app import create_app
+
+    client = TestClient(create_app(s, _state(s)))
+    return client.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/no/such/adapter"}).status_code
+
+
+def _lora_modules(s: Settings) -> str:
+    from kiln.adapters.importing import import_lora_modules
+    from kiln.api.services import ensure_adapters
+    from kiln.errors import KilnError
+
+    try:
+        return repr(import_lora_modules(ensure_adapters(_state(s)), s.model.lora_modules))
+    except KilnError as e:
+        return e.code
+
+
 # (section, key) -> (another value, probe(settings, tiny model dir) -> what the setting changes)
 OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("server", "host"): ("0.0.0.0", lambda s, t: _uvicorn(s).host),
@@ -252,6 +285,10 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("server", "chat_performance_metadata"): (True, lambda s, t: _prepared(s, t).include_performance),
     ("server", "chat_config_hash_metadata"): (True, lambda s, t: _prepared(s, t).include_config_hashes),
     ("server", "stream_stall_grace_ms"): (1000.0, lambda s, t: _stalls(s)),
+    ("server", "log_format"): ("json", lambda s, t: _log_formatter(s)),
+    ("server", "access_log"): (False, lambda s, t: _access_log(s)),
+    ("server", "allow_external_lora_paths"): (True, lambda s, t: _outside_lora_path(s)),
+    ("model", "lora_modules"): (["x=/no/such/adapter"], lambda s, t: _lora_modules(s)),
     ("model", "path"): ("/models/elsewhere", lambda s, t: _model_path(s)),
     ("model", "served_model_id"): ("another-id", lambda s, t: _served_id(s)),
     ("model", "dtype"): ("float16", lambda s, t: _dtype(s)),

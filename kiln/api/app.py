@@ -8,6 +8,8 @@ from fastapi import FastAPI
 
 from kiln import __version__
 from kiln.api.errors import install_error_handlers
+from kiln.api.openapi import install_openapi
+from kiln.api.request_log import RequestIdMiddleware
 from kiln.api.state import ServerState
 from kiln.config import Settings
 
@@ -22,12 +24,14 @@ ROUTER_MODULES = [
     "kiln.api.routers.datasets",
     "kiln.api.routers.judgments",
     "kiln.api.routers.adapters",
+    "kiln.api.routers.adapter_export",
     "kiln.api.routers.eval_suites",
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
     "kiln.api.routers.train",
     "kiln.api.routers.stats",
     "kiln.api.routers.corrections",
+    "kiln.api.routers.compat",
 ]
 
 
@@ -41,4 +45,6 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         if init is not None:
             init(app.state.kiln)
         app.include_router(module.router)
+    install_openapi(app)
+    app.add_middleware(RequestIdMiddleware, access_log=settings.server.access_log)
     return app

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
+from kiln.api.request_log import note_request
 from kiln.api.services import Services
 from kiln.config import Settings
 from kiln.errors import model_loading
@@ -63,6 +64,12 @@ class ServerState:
             rec = record_from_finished(done)
             if rec is not None:
                 self.services.recorder.finished(rec)
+        # the request's access line (kiln.api.request_log): what was generated, for whom, how fast
+        ttft = done.timeline.ttft_ms() if done.timeline is not None else None
+        note_request(model=done.model, adapter=done.adapter, prompt_tokens=done.prompt_tokens,
+                     completion_tokens=sum(len(o.token_ids) for o in done.outputs),
+                     ttft_ms=round(ttft, 1) if ttft is not None else None,
+                     finish_reason=",".join(sorted(set(done.finish_reasons))) or done.status)
 
 
 def get_state(request: Request) -> ServerState:

@@ -44,6 +44,12 @@ def register(sub) -> None:
     a.add_argument("--density", type=float, default=None, help="ties only: fraction of values kept (0, 1]")
     a = action("delete", "delete a saved adapter", _delete)
     a.add_argument("name")
+    a = action("export", "export an adapter for vLLM / PEFT (a PEFT folder) or llama.cpp (a LoRA GGUF)", _export)
+    a.add_argument("name")
+    a.add_argument("dir", help="output folder: the PEFT files go in it, the GGUF is written as DIR/NAME.gguf")
+    a.add_argument("--format", choices=["peft", "gguf"], default="peft",
+                   help="peft (default): adapter_config.json naming the real base model + safetensors; "
+                   "gguf: a llama.cpp LoRA adapter (llama-server --lora)")
 
 
 def _list(client: ServerClient, args) -> int:
@@ -161,4 +167,32 @@ def _merge(client: ServerClient, args) -> int:
 def _delete(client: ServerClient, args) -> int:
     client.delete(f"/v1/adapters/{quote(args.name, safe='')}")
     print(f"deleted {args.name}")
+    return 0
+
+
+def _export(client: ServerClient, args) -> int:
+    out = Path(args.dir)
+    resp = client.request("GET", f"/v1/adapters/{quote(args.name, safe='')}/export", params={"format": args.format})
+    base = resp.headers.get("x-kiln-base-model")
+    base_gguf = resp.headers.get("x-kiln-base-model-gguf")
+    rank = int(resp.headers.get("x-kiln-max-lora-rank", "0") or 0)
+    from kiln.adapters.export import BaseModelRef, serve_commands
+
+    ref = BaseModelRef(base, base_gguf)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.format == "peft":
+        with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
+            tar.extractall(out, filter="data")
+        print(f"wrote the PEFT adapter {args.name} to {out} (base_model_name_or_path: {base or 'unknown'})")
+        lines = serve_commands(args.name, ref, peft_dir=out.resolve(), gguf_file=None, max_rank=rank)
+    else:
+        path = out / f"{args.name}.gguf"
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_bytes(resp.content)
+        tmp.replace(path)
+        print(f"wrote the llama.cpp LoRA adapter {path} ({len(resp.content)} bytes)")
+        lines = serve_commands(args.name, ref, peft_dir=None, gguf_file=path.resolve(), max_rank=rank)
+    print("serve it with:")
+    for line in lines:
+        print(f"  {line}")
     return 0

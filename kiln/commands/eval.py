@@ -337,7 +337,13 @@ def _cancel(client: ServerClient, args) -> int:
 
 
 def _report_entry(args) -> int:
-    from kiln.evals.report import render_report
+    from kiln.evals.report import ReportDependencyError, render_report, require_matplotlib
+
+    try:
+        require_matplotlib()
+    except ReportDependencyError as e:
+        print(f"kiln eval report: {e}", file=sys.stderr)
+        return 1
 
     path = Path(args.job)
     if path.is_file():

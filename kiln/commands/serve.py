@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import threading
 
 from kiln.config import ConfigError, load_settings
+from kiln.errors import KilnError
 
 
 def register(sub) -> None:
@@ -16,26 +18,57 @@ def register(sub) -> None:
         description="Load a model and serve the OpenAI chat API. Settings: flags > KILN_<SECTION>_<FIELD> "
         "environment > TOML config > defaults (see kiln.example.toml).",
     )
-    p.add_argument("--model", help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("model_positional", nargs="?", metavar="MODEL",
+                   help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", help="the same as MODEL, as a flag")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8420)")
-    p.add_argument("--served-model-id", help="model id reported by the API (default: the model's file name)")
+    p.add_argument("--served-model-id", "--served-model-name", dest="served_model_id",
+                   help="model id reported by the API (default: the model's file name)")
     p.add_argument("--config", help="TOML config file (default: $KILN_CONFIG or ./kiln.toml)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weight dtype")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where the model runs (default auto)")
     p.add_argument("--quantization", choices=["none", "gguf", "q8_0", "q4_1"],
                    help="serve with quantized weights and 8-bit activations (CPU kernels): 'gguf' keeps a GGUF's "
                    "own Q4/Q8 blocks; default none")
     p.add_argument("--data-dir", help="where datasets, suites, judgments and adapters live (default ./kiln-data)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
+    p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", action="extend",
+                   help="PEFT adapter folders to import into the adapter store at start (as vLLM's "
+                   "--lora-modules); requests then select one with model=NAME or adapter=NAME")
+    eng = p.add_argument_group("engine (vLLM's names where it has one)")
+    eng.add_argument("--max-num-seqs", type=int, help="sequences decoded together in one step (default 64)")
+    eng.add_argument("--max-model-len", type=int,
+                     help="context length ceiling (default: min(the model's, what the KV pool holds))")
+    eng.add_argument("--kv-cache-memory-mb", type=int, help="memory for the paged KV cache in MiB (default 512)")
+    eng.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
+    eng.add_argument("--max-batch-tokens", "--max-num-batched-tokens", dest="max_batch_tokens", type=int,
+                     help="per-step token budget shared by decode tokens and prefill chunks (default 512)")
+    eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                     help="reuse the KV blocks of shared prompt prefixes (default on)")
+    eng.add_argument("--num-threads", type=int, help="torch intra-op threads; 0 keeps torch's default")
+    logs = p.add_argument_group("logging")
+    logs.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
+    logs.add_argument("--log-format", choices=["text", "json"],
+                      help="text lines, or one JSON object per line (default text); both carry the request id")
+    logs.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                      help="one line per request: status, duration, tokens, TTFT, adapter, finish (default on)")
     p.set_defaults(func=_run)
 
 
 def _overrides(args) -> dict[str, dict]:
+    model = args.model_positional or args.model
     pairs = {
-        ("model", "path"): args.model, ("server", "host"): args.host, ("server", "port"): args.port,
+        ("model", "path"): model, ("server", "host"): args.host, ("server", "port"): args.port,
         ("model", "served_model_id"): args.served_model_id, ("model", "dtype"): args.dtype,
-        ("model", "quantization"): args.quantization,
+        ("model", "device"): args.device, ("model", "quantization"): args.quantization,
+        ("model", "lora_modules"): args.lora_modules,
         ("data", "data_dir"): args.data_dir, ("server", "log_level"): args.log_level,
+        ("server", "log_format"): args.log_format, ("server", "access_log"): args.access_log,
+        ("engine", "max_num_seqs"): args.max_num_seqs, ("engine", "max_model_len"): args.max_model_len,
+        ("engine", "kv_cache_memory_mb"): args.kv_cache_memory_mb, ("engine", "block_size"): args.block_size,
+        ("engine", "max_batch_tokens"): args.max_batch_tokens,
+        ("engine", "enable_prefix_caching"): args.enable_prefix_caching,
+        ("engine", "num_threads"): args.num_threads,
     }
     out: dict[str, dict] = {}
     for (section, key), value in pairs.items():
@@ -47,8 +80,11 @@ def _overrides(args) -> dict[str, dict]:
 def uvicorn_config(settings, app):
     import uvicorn
 
+    # log_config=None: uvicorn's loggers go through the handler configure_logging installed, and Kiln
+    # writes its own access line (with the request id and the generation's numbers)
     return uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                          log_level=settings.server.log_level, timeout_graceful_shutdown=5)
+                          log_level=settings.server.log_level, timeout_graceful_shutdown=5,
+                          log_config=None, access_log=False)
 
 
 def _run(args) -> int:
@@ -57,16 +93,28 @@ def _run(args) -> int:
     except ConfigError as e:
         print(f"kiln serve: configuration error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.model_positional and args.model and args.model_positional != args.model:
+        print("kiln serve: give the model once, as MODEL or --model", file=sys.stderr)
+        return 2
+    from kiln.api.request_log import configure_logging
+
+    configure_logging(settings.server.log_level, settings.server.log_format)
     import uvicorn
 
+    from kiln.adapters.importing import import_lora_modules
     from kiln.api.app import create_app
+    from kiln.api.services import ensure_adapters
     from kiln.api.state import ServerState
     from kiln.engine.serving import build_engine
 
     state = ServerState(settings=settings)
     app = create_app(settings, state)
+    try:
+        for line in import_lora_modules(ensure_adapters(state), settings.model.lora_modules):
+            logging.getLogger("kiln").info("%s", line)
+    except KilnError as e:
+        print(f"kiln serve: --lora-modules: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
+        return 2
     server = uvicorn.Server(uvicorn_config(settings, app))
 
     def load() -> None:

@@ -19,6 +19,9 @@ DEFAULT_MAX_TOKENS = 2048
 U64_MAX = 2**64 - 1
 
 
+GREEDY_TEMPERATURE_EPS = 1e-5
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -36,8 +39,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """semantics.md §4.3 "effectively greedy"."""
-        if self.temperature == 0:
+        """semantics.md §4.3 "effectively greedy"; a temperature too small to divide by (below 1e-5, as
+        vLLM's _SAMPLING_EPS) is greedy too: logits / 1e-163 overflow float32 and sampling would fail."""
+        if self.temperature < GREEDY_TEMPERATURE_EPS:
             return True
         return self.top_k == 1 and math.isfinite(self.temperature) and self.temperature > 0
 

@@ -34,6 +34,7 @@ from kiln.core.thinking_mode import detect_thinking_mode, effective_template_kwa
 from kiln.core.tool_calls import tool_parsing_enabled
 from kiln.engine.actor import GenerationRequest
 from kiln.engine.lora_slots import AdapterTarget
+from kiln.engine.model_selection import ModelSelection, select_model
 from kiln.engine.provenance import MAX_STOP_BYTES, MAX_STOPS, MAX_TEMPLATE_KWARGS, PolicyIdentity
 from kiln.engine.timing import RequestTimeline, now
 from kiln.errors import KilnError
@@ -56,6 +57,12 @@ class AdapterSelection:
     adapters: list[Any] | None = None   # refs with .name and .scale
     adapter_given: bool = False         # the `adapter` key was present (even null)
     both_given: bool = False            # the endpoint's "not both" rule was broken
+    model: str | None = None            # the request's `model`: the served id, or a stored adapter (vLLM)
+
+    @property
+    def explicit(self) -> bool:
+        """`adapter` or `adapters` was sent: it wins over `model`."""
+        return self.adapter_given or self.adapters is not None
 
 
 @dataclass
@@ -95,13 +102,25 @@ class ChatInput:
 
 # ---- the pieces ---------------------------------------------------------------------------------
 
+def select_request_model(engine: Engine, selection: AdapterSelection) -> ModelSelection:
+    """What `model` selects (kiln.engine.model_selection): nothing, or a stored adapter by name."""
+    store = engine.adapters.store if engine.adapters is not None else None
+    return select_model(selection.model, served_model_id=engine.info.served_model_id, adapter_store=store,
+                        explicit_adapter=selection.explicit)
+
+
 def resolve_adapter(engine: Engine, selection: AdapterSelection, *, prefix: str = "") -> AdapterTarget | None:
     """The adapter revision a request runs on (None = the base model): the one place that decides it.
 
     Rules: not both `adapter` and `adapters`; `adapters` not empty, at most 16, every name one safe path
-    segment; then the engine's resolver says whether the adapter exists and which revision it is.
+    segment; with neither, a `model` naming a stored adapter selects it exactly as `adapter` would, and
+    a `model` that is neither that nor the served id is 404 model_not_found; then the engine's resolver
+    says whether the adapter exists and which revision it is.
     """
     adapter, adapters = selection.adapter, selection.adapters
+    by_model = select_request_model(engine, selection).adapter
+    if by_model is not None:
+        return engine.resolve_adapter(adapter_given=True, adapter=by_model, adapters=None, param="model")
     if selection.both_given:
         raise KilnError(400, "invalid_compose_request", f"{prefix}give either adapter or adapters, not both",
                         param="adapters", hint="Send one adapter name, or an adapters list to compose.")
@@ -257,7 +276,7 @@ def prepare_chat(engine: Engine, inp: ChatInput, settings: ServerSettings, *, st
         thinking_source(inp.chat_template_kwargs, default_thinking_enabled=settings.default_thinking_enabled),
         settings.default_thinking_enabled, budget, budget_applies, close_ids,
         _flag(inp.fold_reasoning, settings.fold_reasoning_into_content),
-        tool_parsing_enabled(inp.tools, inp.tool_choice), engine.info.served_model_id,
+        tool_parsing_enabled(inp.tools, inp.tool_choice), select_request_model(engine, inp.adapter).model_id,
         template_kwargs=kwargs, timeline=timeline,
         include_performance=_flag(inp.include_performance, settings.chat_performance_metadata),
         include_config_hashes=_flag(inp.include_config_hashes, settings.chat_config_hash_metadata),
@@ -358,7 +377,8 @@ def prepare_batch(engine: Engine, inp: ChatInput, prompts: list[list[dict[str, A
                                        seed=(seed + pl.index * n) % 2**64)
             pl.params = engine.choice_params(base, n)
     batch = PreparedBatch(inp, plans, budget, engine.close_think_ids, tool_parsing_enabled(inp.tools, inp.tool_choice),
-                          settings.fold_reasoning_into_content, engine.info.served_model_id, target)
+                          settings.fold_reasoning_into_content, select_request_model(engine, inp.adapter).model_id,
+                          target)
     if started is not None:
         batch.started_at = started
     return batch

@@ -178,9 +178,23 @@ def _examples(runs: Sequence[Mapping[str, Any]]) -> str:
     return f"<h2>Examples</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+class ReportDependencyError(RuntimeError):
+    """matplotlib, which draws the plots, is an optional dependency (the `reports` extra)."""
+
+
+def require_matplotlib() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportDependencyError(
+            "HTML eval reports draw their plots with matplotlib, which is not installed; "
+            "install it with: pip install 'kiln[reports]' (or pip install matplotlib)") from None
+    return matplotlib
+
+
 def render_report(result: Mapping[str, Any], *, title: str | None = None) -> str:
-    """The whole report as one HTML document."""
-    import matplotlib
+    """The whole report as one HTML document (raises ReportDependencyError without matplotlib)."""
+    matplotlib = require_matplotlib()
 
     runs = list(result.get("runs", []))
     title = title or f"Kiln eval report: {result.get('job_id', '')}"

@@ -203,7 +203,7 @@ def test_load_rejects_an_adapter_that_does_not_fit_the_served_model(client, stat
 def test_vllm_aliases_load_and_unload(client, store):
     assert client.post("/v1/load_lora_adapter", json={"lora_name": "a"}).json()["name"] == "a"
     resp = client.post("/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": "/somewhere/else"})
-    assert_error(resp, 400, "invalid_adapter_name")
+    assert_error(resp, 403, "lora_path_not_allowed")
     ok = client.post("/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(store.root / "b")})
     assert ok.json()["name"] == "b"
     assert_error(client.post("/v1/unload_lora_adapter", json={"lora_name": "a"}), 404, "adapter_not_found")
@@ -257,3 +257,23 @@ def test_body_names_are_validated_on_every_route(client, store, bad):
     merge = {"sources": [{"name": bad, "weight": 1.0}], "output_name": "m"}
     assert_error(client.post("/v1/adapters/merge", json=merge), 400, "invalid_adapter_name")
     assert store.names() == ["a", "b"]
+
+
+def test_vllm_load_imports_an_outside_lora_path_when_the_operator_allows_it(client, state, store, tmp_path):
+    outside = AdapterStore(tmp_path / "outside")
+    save_random(outside, "trained", r=2, alpha=4, modules=["q_proj"], seed=9)
+    body = {"lora_name": "imported", "lora_path": str(outside.path("trained"))}
+    assert_error(client.post("/v1/load_lora_adapter", json=body), 403, "lora_path_not_allowed")
+    assert not store.exists("imported")
+    state.settings.server.allow_external_lora_paths = True
+    resp = client.post("/v1/load_lora_adapter", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["name"] == "imported" and store.content_hash("imported") == outside.content_hash("trained")
+    assert client.get("/v1/adapters").json()["active"] == "imported"
+
+
+def test_vllm_load_of_an_outside_path_that_is_no_adapter_is_a_400(client, state, tmp_path):
+    state.settings.server.allow_external_lora_paths = True
+    (tmp_path / "junk").mkdir()
+    body = {"lora_name": "x", "lora_path": str(tmp_path / "junk")}
+    assert_error(client.post("/v1/load_lora_adapter", json=body), 400, "adapter_import_invalid")

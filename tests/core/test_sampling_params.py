@@ -166,3 +166,12 @@ def test_validate_uses_the_callers_error_code():
     with pytest.raises(KilnError) as exc:
         validate_sampling(SamplingParams(top_p=2.0), code="completion_invalid_request")
     assert exc.value.code == "completion_invalid_request"
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    # found by the contract fuzzer: 2.4e-163 became 0 in float32 and the whole batch step failed
+    from kiln.core.sampling import SamplingParams
+
+    assert SamplingParams(temperature=2.4e-163).is_greedy
+    assert SamplingParams(temperature=1e-6).is_greedy
+    assert not SamplingParams(temperature=1e-4).is_greedy

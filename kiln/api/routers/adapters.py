@@ -25,6 +25,7 @@ from starlette.types import Message, Receive
 from kiln.adapters.active import ActiveAdapter, model_spec_for
 from kiln.adapters.archive import import_error
 from kiln.adapters.compat import check_compatibility
+from kiln.adapters.importing import import_adapter_folder
 from kiln.adapters.merge import merge_adapters
 from kiln.adapters.peft_format import RECEIPT_FILE
 from kiln.adapters.store import NAME_CODE, AdapterStore
@@ -254,16 +255,23 @@ async def unload_adapter(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/load_lora_adapter")
 async def vllm_load(request: Request) -> dict[str, Any]:
-    """vLLM's route: {lora_name, lora_path}; the path may only name the stored adapter itself."""
+    """vLLM's route: {lora_name, lora_path}. A `lora_path` outside the adapter directory is imported into
+    the store under `lora_name` when `server.allow_external_lora_paths` is on (off by default, as vLLM
+    gates runtime loading); otherwise it may only name the stored adapter's own folder."""
     prefix = "Invalid LoRA load request: "
     body = parse_model(VllmLoadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
                        code=NAME_CODE, prefix=prefix)
     store = _store(request)
     path = store.path(body.lora_name, param="lora_name")
     if body.lora_path and Path(body.lora_path).resolve() != path.resolve():
-        raise KilnError(400, NAME_CODE, "lora_path must be the adapter's folder in the adapter directory.",
-                        param="lora_path",
-                        hint="Upload the adapter (POST /v1/adapters/upload), then load it by lora_name.")
+        if not get_state(request).settings.server.allow_external_lora_paths:
+            raise KilnError(403, "lora_path_not_allowed",
+                            "lora_path outside the adapter directory is not allowed on this server.",
+                            param="lora_path",
+                            hint="Upload the adapter (POST /v1/adapters/upload) and load it by lora_name, or "
+                            "start the server with server.allow_external_lora_paths = true "
+                            "(KILN_SERVER_ALLOW_EXTERNAL_LORA_PATHS=1).")
+        await run_in_threadpool(import_adapter_folder, store, body.lora_name, body.lora_path)
     return await _load(request, body.lora_name)
 
 

@@ -32,4 +32,4 @@ async def batch_completions(request: Request) -> JSONResponse:
         engine = state.require_engine()
         batch = prepare_batch(engine, seen.inp, seen.prompts, state.settings.server, started=started)
     batch.client_request_id = seen.request_id
-    return JSONResponse(await run_batch(engine, batch), headers={"x-request-id": seen.request_id})
+    return JSONResponse(await run_batch(engine, batch))

@@ -46,7 +46,6 @@ async def chat_completions(request: Request):
         engine = state.require_engine()
         prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
     prep.client_request_id = seen.request_id
-    headers = {**response_headers(state), "x-request-id": seen.request_id}
     if req.stream:
-        return EventSourceResponse(stream_chat(engine, prep), ping=15, sep="\n", headers=headers)
-    return JSONResponse(await complete_chat(engine, prep), headers=headers)
+        return EventSourceResponse(stream_chat(engine, prep), ping=15, sep="\n", headers=response_headers(state))
+    return JSONResponse(await complete_chat(engine, prep), headers=response_headers(state))

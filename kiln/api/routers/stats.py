@@ -12,7 +12,6 @@ The decode window lives on the engine actor (`actor.decode_stats`), which feeds 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from kiln.api.request_log import current_request_id, new_request_id
 from kiln.api.services import ensure_recorder
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import resolve_budget
@@ -42,9 +42,9 @@ def recorder_for(state: ServerState) -> CompletionRecorder | None:
 # ---- what the inference routes call ------------------------------------------------------------------
 
 def client_request_id(request: Request) -> str:
-    """The client's X-Request-Id (echoed back), else a fresh one."""
-    given = request.headers.get("x-request-id", "").strip()
-    return given[:128] if given else "req-" + uuid.uuid4().hex
+    """The request's id: the client's `x-request-id` as RequestIdMiddleware took (and echoes) it, else a
+    fresh one (an app built without the middleware)."""
+    return current_request_id() or new_request_id()
 
 
 @dataclass

@@ -105,7 +105,8 @@ class GenerationFields(BaseModel):
             messages=messages, tools=self.tools, tool_choice=self.tool_choice, sampling=self.explicit_sampling(),
             sampling_preset=self.sampling_preset, stop=self.stop_list(keep_empty=True), ignore_eos=self.ignore_eos,
             n=self.n or 1, chat_template_kwargs=self.chat_template_kwargs, budget_fields=self.budget_fields(),
-            adapter=AdapterSelection(self.adapter, self.adapters, "adapter" in self.model_fields_set, both_adapters),
+            adapter=AdapterSelection(self.adapter, self.adapters, "adapter" in self.model_fields_set, both_adapters,
+                                     model=self.model),
             max_tokens_param=self.max_tokens_param, code=code, prefix=prefix,
         )
 

@@ -1,0 +1,75 @@
+"""Import a PEFT adapter folder from anywhere on disk into the store (`kiln serve --lora-modules`,
+`/v1/load_lora_adapter` with an outside `lora_path` when the operator allows it).
+
+The folder goes through the same path as an uploaded archive: packed, validated (a LoRA PEFT layout
+Kiln can serve), and published atomically under its new name. An adapter already stored under that
+name with the same content is kept as it is; one with other content is a 409, never overwritten.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+from kiln.adapters.identity import compute_content_hash
+from kiln.adapters.peft_format import CONFIG_FILE, WEIGHTS_FILE
+from kiln.adapters.store import AdapterInfo, AdapterStore
+from kiln.errors import KilnError
+
+IMPORT_CODE = "adapter_import_invalid"
+
+
+def pack_folder(path: Path) -> bytes:
+    """tar.gz of a folder's regular files (flat); symlinks and special files are skipped."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for dirpath, _, filenames in os.walk(path):
+            for fname in sorted(filenames):
+                full = Path(dirpath, fname)
+                if not stat.S_ISREG(full.lstat().st_mode):
+                    continue
+                tar.add(full, arcname=full.relative_to(path).as_posix(), recursive=False)
+    return buf.getvalue()
+
+
+def import_adapter_folder(store: AdapterStore, name: str, path: str | Path, *, param: str = "lora_path"
+                          ) -> tuple[AdapterInfo, bool]:
+    """(info, imported): imported is False when the store already held the same adapter under `name`."""
+    folder = Path(path).expanduser()
+    store.path(name, param="lora_name")
+    if not folder.is_dir():
+        raise KilnError(400, IMPORT_CODE, f"{folder} is not a folder", param=param,
+                        hint=f"Point at a PEFT adapter folder holding {CONFIG_FILE} and {WEIGHTS_FILE}.")
+    for f in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / f).is_file():
+            raise KilnError(400, IMPORT_CODE, f"{folder} has no {f}", param=param,
+                            hint=f"Point at a PEFT adapter folder holding {CONFIG_FILE} and {WEIGHTS_FILE}.")
+    if store.exists(name):
+        if store.content_hash(name) == compute_content_hash(folder):
+            return store.info(name), False
+        raise KilnError(409, "adapter_already_exists",
+                        f"an adapter named {name!r} is already stored with other content than {folder}",
+                        param="lora_name", hint="Pick another name, or DELETE /v1/adapters/{name} first.")
+    return store.extract_adapter_archive(io.BytesIO(pack_folder(folder)), name), True
+
+
+def parse_lora_module(spec: str) -> tuple[str, str]:
+    name, sep, path = spec.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise KilnError(400, IMPORT_CODE, f"expected NAME=PATH, got {spec!r}", param="lora_modules",
+                        hint="Pass --lora-modules my-adapter=/path/to/peft-folder.")
+    return name.strip(), path.strip()
+
+
+def import_lora_modules(store: AdapterStore, specs: list[str]) -> list[str]:
+    """Import every NAME=PATH; returns one line per adapter saying what happened."""
+    lines = []
+    for spec in specs:
+        name, path = parse_lora_module(spec)
+        info, imported = import_adapter_folder(store, name, path, param="lora_modules")
+        verb = "imported" if imported else "already stored:"
+        lines.append(f"lora module {verb} {name} <- {path} ({info.content_sha256})")
+    return lines

@@ -1,0 +1,200 @@
+"""The vLLM-compatible routes lm-evaluation-harness uses, in process over a real tiny engine:
+/tokenize, /detokenize, /tokenizer_info (root and /compat) and the legacy /compat/v1/completions."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+
+import kiln.api.app as app_module
+from kiln.api.state import ServerState
+from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
+
+ROUTERS = ["kiln.api.routers.system", "kiln.api.routers.chat", "kiln.api.routers.completions",
+           "kiln.api.routers.metrics", "kiln.api.routers.adapters", "kiln.api.routers.compat"]
+URL = "/compat/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from kiln.engine.serving import build_engine
+    from kiln.testing.tiny import make_tiny_model
+
+    root = tmp_path_factory.mktemp("compat-api")
+    model = make_tiny_model(root / "tiny", arch="llama", init_std=0.3)
+    settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="tiny"),
+                        data=DataSettings(data_dir=str(root / "data")),
+                        engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
+    state = ServerState(settings=settings)
+    state.engine = build_engine(settings)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(app_module, "ROUTER_MODULES", ROUTERS)
+    app = app_module.create_app(settings, state)
+    mp.undo()
+    state.attach_adapters()
+    yield SimpleNamespace(client=TestClient(app), state=state)
+    state.engine.shutdown()
+
+
+@pytest.fixture
+def client(served):
+    return served.client
+
+
+def encode(client, text: str) -> list[int]:
+    r = client.post("/compat/tokenize", json={"prompt": text, "add_special_tokens": False})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+# ---- tokenizer routes ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("base", ["", "/compat"])
+def test_tokenizer_info_has_the_special_tokens_and_template(client, base):
+    info = client.get(f"{base}/tokenizer_info").json()
+    assert info["eos_token"] == "<|im_end|>" and "tokenizer_class" in info
+    assert "chat_template" in info and info["model_max_length"] == 320
+
+
+def test_tokenize_and_detokenize_round_trip(client):
+    r = client.post("/tokenize", json={"prompt": "hello there", "return_token_strs": True}).json()
+    assert r["count"] == len(r["tokens"]) == len(r["token_strs"]) and r["max_model_len"] == 320
+    assert client.post("/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "hello there"}
+
+
+def test_tokenize_renders_chat_messages_with_the_served_template(client):
+    r = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    text = client.post("/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_special_tokens_in_text_are_single_tokens(client):
+    assert len(encode(client, "<|im_end|>")) == 1
+
+
+def test_detokenize_rejects_ids_outside_the_vocabulary(client):
+    r = client.post("/detokenize", json={"tokens": [1, 10**9]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens[1]"
+
+
+def test_tokenize_of_an_unknown_model_is_model_not_found(client):
+    r = client.post("/tokenize", json={"prompt": "x", "model": "gpt-4"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+# ---- legacy completions ----------------------------------------------------------------------------------
+
+def loglikelihood_request(ids: list[list[int]]) -> dict:
+    """What lm-eval's local-completions sends for loglikelihood requests."""
+    return {"model": "tiny", "prompt": ids, "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
+            "echo": True}
+
+
+def test_echo_logprobs_match_the_contract_prompt_scoring(client):
+    ids = encode(client, "The quick brown fox jumps")
+    body = client.post(URL, json=loglikelihood_request([ids])).json()
+    lp = body["choices"][0]["logprobs"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert len(lp["token_logprobs"]) == len(ids) + 1  # the prompt, then the one generated token
+    scored = client.post("/v1/completions", json={"prompt": ids, "prompt_logprobs": 0}).json()
+    ours = [e[str(t)]["logprob"] for e, t in zip(scored["choices"][0]["prompt_logprobs"][1:], ids[1:], strict=True)]
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx(ours, abs=1e-5)
+
+
+def test_top_logprobs_are_dicts_of_token_text_with_the_observed_token(client):
+    ids = encode(client, "one two three four")
+    lp = client.post(URL, json={**loglikelihood_request([ids]), "logprobs": 3}).json()["choices"][0]["logprobs"]
+    scored = client.post("/v1/completions", json={"prompt": ids, "prompt_logprobs": 3}).json()
+    entries = scored["choices"][0]["prompt_logprobs"][1:]
+    for tok, lpv, top, entry in zip(lp["tokens"][1:], lp["token_logprobs"][1:len(ids)], lp["top_logprobs"][1:],
+                                    entries, strict=False):
+        # texts that collide share a key (best value kept), so at most K+1 keys
+        assert isinstance(top, dict) and 1 <= len(top) <= 4 and top[tok] >= lpv
+        assert max(top.values()) == pytest.approx(max(e["logprob"] for e in entry.values()))
+        assert all(v <= 0 for v in top.values())
+    assert len(entries) == len(ids) - 1
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+
+
+def test_greedy_continuation_is_the_top_logprob(client):
+    ids = encode(client, "a b c d")
+    choice = client.post(URL, json=loglikelihood_request([ids])).json()["choices"][0]
+    last_top = choice["logprobs"]["top_logprobs"][-1]
+    assert choice["logprobs"]["token_logprobs"][-1] == pytest.approx(max(last_top.values()))
+
+
+def test_a_list_of_prompts_gets_one_choice_each_in_order(client):
+    prompts = [encode(client, "first prompt"), encode(client, "the second, longer prompt here")]
+    body = client.post(URL, json=loglikelihood_request(prompts)).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert [len(c["logprobs"]["tokens"]) for c in body["choices"]] == [len(p) + 1 for p in prompts]
+    assert body["usage"]["prompt_tokens"] == sum(len(p) for p in prompts)
+
+
+def test_max_tokens_zero_with_echo_scores_only_the_prompt(client):
+    ids = encode(client, "only the prompt")
+    body = client.post(URL, json={**loglikelihood_request([ids]), "max_tokens": 0}).json()
+    choice = body["choices"][0]
+    assert len(choice["logprobs"]["token_logprobs"]) == len(ids)
+    assert choice["text"] == "only the prompt" and body["usage"]["completion_tokens"] == 0
+
+
+def test_text_prompts_generate_and_stop(client):
+    body = client.post(URL, json={"prompt": ["Once upon a time", "Hello"], "max_tokens": 5, "temperature": 0}).json()
+    assert len(body["choices"]) == 2
+    for c in body["choices"]:
+        assert c["logprobs"] is None and c["finish_reason"] in ("length", "stop") and isinstance(c["text"], str)
+    assert body["object"] == "text_completion" and body["model"] == "tiny"
+    assert body["usage"]["completion_tokens"] <= 10
+
+
+def test_greedy_generation_is_reproducible_and_echo_prefixes_the_prompt(client):
+    req = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+    a = client.post(URL, json=req).json()["choices"][0]["text"]
+    b = client.post(URL, json={**req, "echo": True}).json()["choices"][0]["text"]
+    assert b == "Once upon a time" + a
+
+
+def test_generation_logprobs_cover_only_the_generated_tokens(client):
+    body = client.post(URL, json={"prompt": "abc", "max_tokens": 4, "temperature": 0, "logprobs": 2}).json()
+    choice = body["choices"][0]
+    n = body["usage"]["completion_tokens"]
+    assert len(choice["logprobs"]["tokens"]) == n and "".join(choice["logprobs"]["tokens"]) == choice["text"]
+    assert all(math.isfinite(v) for v in choice["logprobs"]["token_logprobs"])
+
+
+def test_n_gives_n_choices_per_prompt(client):
+    body = client.post(URL, json={"prompt": ["x", "y"], "max_tokens": 2, "n": 2, "seed": 3}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("field,value", [("stream", True), ("suffix", "end"), ("logprobs", 21),
+                                         ("best_of", 3), ("max_tokens", -1)])
+def test_unsupported_or_invalid_fields_are_400s(client, field, value):
+    r = client.post(URL, json={"prompt": "x", field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_token_ids_outside_the_vocabulary_are_rejected(client):
+    r = client.post(URL, json={"prompt": [[1, 2, 10**7]], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt[0][2]"
+
+
+def test_an_unknown_model_is_model_not_found(client):
+    r = client.post(URL, json={"prompt": "x", "model": "text-davinci-003"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_contract_completions_route_is_unchanged(client):
+    r = client.post("/v1/completions", json={"prompt": "x y", "echo": True, "max_tokens": 5, "prompt_logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_a_vanishing_temperature_is_greedy_not_a_failed_step(client):
+    req = {"prompt": "Once upon a time", "max_tokens": 4}
+    greedy = client.post(URL, json={**req, "temperature": 0}).json()["choices"][0]["text"]
+    tiny = client.post(URL, json={**req, "temperature": 2.4e-163})
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["text"] == greedy

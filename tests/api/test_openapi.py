@@ -1,0 +1,83 @@
+"""/openapi.json carries every contract entrypoint's body schema, referenced from kiln/contracts."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kiln.api.app import create_app
+from kiln.api.openapi import CONTRACT_OPERATIONS, ERROR_COMPONENT, component_names, contract_entrypoints
+from kiln.api.state import ServerState
+from kiln.config import DataSettings, Settings
+from kiln.contracts import schemas
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    settings = Settings(data=DataSettings(data_dir=str(tmp_path_factory.mktemp("openapi"))))
+    client = TestClient(create_app(settings, ServerState(settings=settings)))
+    r = client.get("/openapi.json")
+    assert r.status_code == 200
+    return r.json()
+
+
+def _entrypoints() -> set[tuple[str, str]]:
+    return {(file, name) for file, data in schemas().items() for name in data.get("x-kiln-entrypoints", [])}
+
+
+def test_every_contract_entrypoint_belongs_to_a_route():
+    assert contract_entrypoints() == _entrypoints()
+    json_entrypoints = {e for e in _entrypoints() if e[1] != "ChatCompletionChunkStream"}
+    assert len(json_entrypoints) == 39
+
+
+def test_every_contract_route_has_its_request_and_response_schema(doc):
+    for op in CONTRACT_OPERATIONS:
+        operation = doc["paths"][op.path][op.method]
+        if op.request is not None:
+            schema = operation["requestBody"]["content"][op.request_media]["schema"]
+            assert schema == {"$ref": f"#/components/schemas/{component_names()[(op.file, op.request)]}"}
+        ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok["$ref"].endswith("/" + component_names()[(op.file, op.response)])
+        assert "503" in operation["responses"]
+
+
+def test_components_are_the_contract_definitions_with_refs_rewritten(doc):
+    components = doc["components"]["schemas"]
+    inference = schemas()["kiln-inference-v1.schema.json"]["$defs"]
+    assert components["ChatCompletionRequest"]["properties"].keys() == inference["ChatCompletionRequest"]["properties"].keys()
+    assert "ThinkingBudget.record" in components and ERROR_COMPONENT in components
+    refs = re.findall(r'"\$ref": "([^"]*)"', json.dumps(doc))
+    assert refs and all(r.startswith("#/components/schemas/") for r in refs)
+
+
+def test_every_ref_in_the_document_resolves(doc):
+    def walk(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                target = doc
+                for part in ref.removeprefix("#/").split("/"):
+                    target = target[part.replace("~1", "/").replace("~0", "~")]
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+
+
+def test_path_parameters_are_declared(doc):
+    params = doc["paths"]["/v1/eval/jobs/{job_id}"]["get"]["parameters"]
+    assert {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}} in params \
+        or any(p["name"] == "job_id" and p["in"] == "path" for p in params)
+
+
+def test_swagger_ui_is_served(tmp_path):
+    settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
+    client = TestClient(create_app(settings, ServerState(settings=settings)))
+    assert client.get("/docs").status_code == 200

@@ -1,0 +1,87 @@
+"""`kiln serve [MODEL]` with vLLM-style engine flags, and `--lora-modules NAME=PATH` at start."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kiln.adapters.importing import import_lora_modules
+from kiln.adapters.store import AdapterStore
+from kiln.commands import serve
+from kiln.config import ConfigError, load_settings
+from kiln.errors import KilnError
+from tests.adapters.helpers import save_random
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kiln")
+    serve.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def settings_for(*argv: str):
+    return load_settings(None, serve._overrides(parse(*argv)), env={})
+
+
+def test_the_model_is_positional_as_in_vllm_serve():
+    assert settings_for("/models/qwen").model.path == "/models/qwen"
+    assert settings_for("--model", "/models/qwen").model.path == "/models/qwen"
+
+
+def test_engine_flags_use_vllms_names():
+    s = settings_for("m", "--max-num-seqs", "8", "--max-model-len", "1024", "--kv-cache-memory-mb", "128",
+                     "--block-size", "32", "--max-num-batched-tokens", "256", "--no-enable-prefix-caching",
+                     "--num-threads", "2", "--served-model-name", "my-model", "--device", "cpu")
+    e = s.engine
+    assert (e.max_num_seqs, e.max_model_len, e.kv_cache_memory_mb, e.block_size, e.max_batch_tokens) == \
+        (8, 1024, 128, 32, 256)
+    assert e.enable_prefix_caching is False and e.num_threads == 2
+    assert s.model.served_model_id == "my-model" and s.model.device == "cpu"
+
+
+def test_unset_flags_leave_the_file_and_defaults_alone():
+    s = settings_for()
+    assert s.engine.enable_prefix_caching is True and s.server.access_log is True and s.model.path is None
+
+
+def test_log_flags():
+    s = settings_for("--log-format", "json", "--no-access-log")
+    assert s.server.log_format == "json" and s.server.access_log is False
+
+
+def test_lora_modules_flag_and_environment():
+    s = settings_for("--lora-modules", "a=/x/a", "b=/x/b")
+    assert s.model.lora_modules == ["a=/x/a", "b=/x/b"]
+    env = load_settings(None, env={"KILN_MODEL_LORA_MODULES": "a=/x/a, b=/x/b"})
+    assert env.model.lora_modules == ["a=/x/a", "b=/x/b"]
+    with pytest.raises(ConfigError, match="NAME=PATH"):
+        load_settings(None, env={"KILN_MODEL_LORA_MODULES": "nopath"})
+
+
+def test_lora_modules_are_imported_into_the_store(tmp_path):
+    src = AdapterStore(tmp_path / "elsewhere")
+    save_random(src, "trained", r=2, alpha=4, modules=["q_proj"])
+    store = AdapterStore(tmp_path / "adapters")
+    lines = import_lora_modules(store, [f"mine={src.path('trained')}"])
+    assert store.names() == ["mine"] and "imported mine" in lines[0]
+    assert store.content_hash("mine") == src.content_hash("trained")
+    # a restart with the same flag keeps the stored copy
+    assert "already stored" in import_lora_modules(store, [f"mine={src.path('trained')}"])[0]
+
+
+def test_lora_modules_never_overwrite_other_content(tmp_path):
+    src = AdapterStore(tmp_path / "elsewhere")
+    save_random(src, "one", r=2, alpha=4, modules=["q_proj"], seed=1)
+    save_random(src, "two", r=2, alpha=4, modules=["q_proj"], seed=2)
+    store = AdapterStore(tmp_path / "adapters")
+    import_lora_modules(store, [f"mine={src.path('one')}"])
+    with pytest.raises(KilnError) as err:
+        import_lora_modules(store, [f"mine={src.path('two')}"])
+    assert err.value.status == 409
+
+
+def test_a_folder_that_is_not_an_adapter_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KilnError, match="adapter_config.json"):
+        import_lora_modules(AdapterStore(tmp_path / "adapters"), [f"x={tmp_path / 'empty'}"])
