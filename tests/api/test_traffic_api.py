@@ -358,3 +358,9 @@ def test_a_stream_the_client_abandons_is_recorded_as_cancelled(client):
     assert (row["status"], row["finish_reason"], row["streamed"]) == ("cancelled", "cancelled", True)
     assert row["completion_tokens"] < 250
     validate(TB, "recentRecord", row["thinking_budget"])
+    # and the engine let the abandoned sequence go (not decoding 250 tokens for no one)
+    deadline = time.monotonic() + 30
+    while (stats := client.get("/v1/stats/decode").json())["running"] + stats["waiting"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stats["running"] == stats["waiting"] == 0
