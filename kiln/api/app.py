@@ -30,6 +30,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.eval_jobs",
     "kiln.api.routers.train",
     "kiln.api.routers.compat",
+    "kiln.api.routers.ui",  # last: it owns `/` and everything under /ui
 ]
 
 
