@@ -10,7 +10,8 @@ function parentOf(info) {
     const srcs = lineage.merge.sources || [];
     return `${lineage.merge.mode || "merge"} of ${srcs.map((s) => `${s.name}×${s.weight}`).join(", ") || "adapters"}`;
   }
-  return lineage.parent_adapter || null;
+  if (lineage.parent_adapter) return lineage.parent_adapter;
+  return lineage.training_data_source ? `trained from ${lineage.training_data_source} data` : null;
 }
 
 export async function render(root) {
@@ -88,11 +89,12 @@ export async function render(root) {
     const mode = select([["weighted_average", "weighted average"], ["ties", "TIES"], ["concat", "concat (any ranks)"]], { id: "merge-mode" });
     const density = input({ id: "merge-density", type: "number", step: "0.05", min: "0", max: "1", placeholder: "TIES only (default 0.2)" });
     const out = h("div");
-    const addSource = async () => {
-      const { available } = await get("/v1/adapters");
-      const row = h("div", { class: "row compact merge-source" },
-        select((available || []).map((a) => a.name), { class: "merge-name" }),
-        input({ class: "merge-weight", type: "number", step: "0.1", value: "1", "aria-label": "weight" }),
+    const addSource = async (weight = 1) => {
+      const names = ((await get("/v1/adapters")).available || []).map((a) => a.name);
+      const nameSel = select(names, { class: "merge-name" });
+      nameSel.value = names[sources.children.length % Math.max(1, names.length)] || "";
+      const row = h("div", { class: "row compact merge-source" }, nameSel,
+        input({ class: "merge-weight", type: "number", step: "0.1", value: String(weight), "aria-label": "weight" }),
         h("button", { class: "small", onclick: () => row.remove() }, "×"));
       sources.append(row);
     };
@@ -106,8 +108,8 @@ export async function render(root) {
       clear(out, h("div", { class: "ok-note" }, `✓ merged into ${r.output_name}`));
       refresh();
     });
-    addSource().then(addSource).catch(() => {});
-    return card("Merge", sources, h("button", { class: "small", onclick: addSource }, "+ source"),
+    addSource(0.5).then(() => addSource(0.5)).catch(() => {});
+    return card("Merge", sources, h("button", { class: "small", onclick: () => addSource(1) }, "+ source"),
       h("div", { class: "grid2" }, field("output", output), field("mode", mode), field("density", density)), button, out);
   }
 

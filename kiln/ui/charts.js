@@ -19,7 +19,7 @@ function niceTicks(min, max, count = 4) {
   const mag = 10 ** Math.floor(Math.log10(step0));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => span / st <= count) || 10 * mag;
   const ticks = [];
-  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+  for (let v = Math.floor(min / step + 1e-9) * step; v <= max + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
   return ticks;
 }
 
@@ -97,7 +97,7 @@ export function sparkline(values, { width = 160, height = 36 } = {}) {
 
 // bars: [{label, value (0..1), lower, upper, n}] drawn as rate bars with Wilson interval whiskers.
 export function rateBars(bars, { width = fitWidth(900), rowHeight = 30, id = null, title = "" } = {}) {
-  const pad = { l: Math.min(220, 40 + 7 * Math.max(4, ...bars.map((b) => String(b.label).length))), r: 60, t: 8, b: 28 };
+  const pad = { l: Math.min(220, width * 0.34, 40 + 7 * Math.max(4, ...bars.map((b) => String(b.label).length))), r: width < 500 ? 70 : 84, t: 8, b: 28 };
   const height = pad.t + pad.b + rowHeight * Math.max(1, bars.length);
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img", id, "aria-label": title || "rates" });
   const X = (v) => pad.l + v * (width - pad.l - pad.r);

@@ -85,8 +85,10 @@ export async function render(root, ctx) {
       field("file", file), text, b, out);
   }
 
+  let judgmentNames = [];
   async function refreshJudgments() {
     const { judgments } = await get("/v1/judgments");
+    judgmentNames = judgments.map((j) => j.name);
     clear(jBox, table(["set", "rows", "winners", ""], judgments.map((j) => {
       const hist = j.winner_histogram || {};
       return h("tr", { "data-judgment": j.name, class: "clickable", onclick: () => showJudgment(j.name) },
@@ -165,4 +167,5 @@ export async function render(root, ctx) {
   } catch (e) { clear(err, errorBox(e)); }
   if (ctx.params.get("judgment")) showJudgment(ctx.params.get("judgment"));
   else if (ctx.params.get("dataset")) showDataset(ctx.params.get("dataset"));
+  else if (judgmentNames.length) showJudgment(judgmentNames[0]);
 }

@@ -90,10 +90,18 @@ export function card(title, ...body) {
   return h("section", { class: "card" }, title ? h("h2", {}, title) : null, ...body);
 }
 
+// A table; on a phone each row becomes a small card whose cells carry their column's name.
 export function table(columns, rows, attrs) {
-  return h("div", { class: "table-wrap" }, h("table", attrs || {},
+  const body = rows.length ? rows : [h("tr", {}, h("td", { colspan: columns.length, class: "muted" }, "none yet"))];
+  if (rows.length) {
+    for (const tr of rows) {
+      [...tr.children].forEach((td, i) => { if (columns[i]) td.dataset.label = columns[i]; });
+    }
+  }
+  const a = attrs || {};
+  return h("div", { class: "table-wrap" }, h("table", { ...a, class: `data-table ${a.class || ""}` },
     h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))),
-    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: columns.length, class: "muted" }, "none yet")))));
+    h("tbody", {}, body)));
 }
 
 export function badge(text, kind) { return h("span", { class: `badge ${kind || ""}` }, text); }

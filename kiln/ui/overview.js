@@ -13,10 +13,10 @@ function tile(label, value, sub, id) {
     h("div", { class: "tile-value" }, value), sub ? h("div", { class: "tile-sub" }, sub) : null);
 }
 
-// The first numeric field whose name matches one of the patterns (the decode-stats route is new; read
-// it by meaning rather than by one exact spelling).
+// The first numeric field whose name matches one of the patterns, as [dotted key, value] (the
+// decode-stats route is new; read it by meaning rather than by one exact spelling).
 function pick(obj, patterns) {
-  if (!obj || typeof obj !== "object") return null;
+  if (!obj || typeof obj !== "object") return [null, null];
   const flat = {};
   const walk = (o, prefix) => {
     for (const [k, v] of Object.entries(o)) {
@@ -27,9 +27,9 @@ function pick(obj, patterns) {
   walk(obj, "");
   for (const p of patterns) {
     const key = Object.keys(flat).find((k) => p.test(k));
-    if (key) return flat[key];
+    if (key) return [key, flat[key]];
   }
-  return null;
+  return [null, null];
 }
 
 function counter(m, name) {
@@ -75,9 +75,10 @@ export async function render(root, ctx) {
     const itlSum = metric(m, "kiln_request_itl_seconds_sum"), itlCount = metric(m, "kiln_request_itl_seconds_count");
     let tokps = null, itlMs = null, source;
     if (decode) {
-      tokps = pick(decode, [/tok.*per_s/i, /tokens_per_s/i, /tok_s$/i, /throughput/i]);
-      itlMs = pick(decode, [/itl.*mean/i, /mean.*itl/i, /itl.*p50/i, /itl/i]);
-      if (itlMs !== null && /itl[^.]*_s(ec)?\b/i.test(Object.keys(decode).join(" ")) && itlMs < 5) itlMs *= 1000;
+      tokps = pick(decode, [/tok.*per_s/i, /tokens_per_s/i, /tok_s$/i, /throughput/i])[1];
+      const [itlKey, itl] = pick(decode, [/itl.*mean/i, /mean.*itl/i, /itl.*p50/i, /itl/i]);
+      // a key in seconds (itl_s, itl_seconds.mean) rather than milliseconds
+      itlMs = itl !== null && /(_s|_sec|_seconds)(\.|$)/i.test(itlKey) ? itl * 1000 : itl;
       source = "from GET /v1/stats/decode (rolling window)";
     }
     if (tokps === null && prev && tokens !== null) {

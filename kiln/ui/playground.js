@@ -59,8 +59,10 @@ function outcomeText(tb) {
 async function runStream(body, view, signal) {
   const out = { id: null, content: "", reasoning: "", toolCalls: [], finish: null, metadata: null, usage: null };
   view.el.classList.add("streaming");
+  let chunks = 0;
   try {
     await streamChat(body, (chunk) => {
+      view.el.dataset.chunks = String(++chunks);
       if (chunk.id) out.id = chunk.id;
       if (chunk.usage) out.usage = chunk.usage;
       if (chunk.metadata) out.metadata = chunk.metadata;
@@ -115,8 +117,8 @@ function controls() {
     seed: input({ id: "pg-seed", type: "number", min: "0", placeholder: "random" }),
     stop: input({ id: "pg-stop", placeholder: "comma-separated" }),
     thinking: select([["", "template default"], ["on", "on"], ["off", "off"]], { id: "pg-thinking" }),
-    budgetTokens: input({ id: "pg-budget-tokens", type: "number", min: "0", placeholder: "server default" }),
-    budgetMs: input({ id: "pg-budget-ms", type: "number", min: "0", placeholder: "server default" }),
+    budgetTokens: input({ id: "pg-budget-tokens", type: "number", min: "0", placeholder: "default" }),
+    budgetMs: input({ id: "pg-budget-ms", type: "number", min: "0", placeholder: "default" }),
     tools: h("textarea", { id: "pg-tools", rows: 4, placeholder: '[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]' }),
   };
   el.body = () => {
@@ -145,9 +147,8 @@ function controls() {
       field("temperature", el.temperature), field("max_tokens", el.max_tokens),
       field("top_p", el.top_p), field("top_k", el.top_k),
       field("seed", el.seed), field("stop", el.stop)),
-    h("div", { class: "grid2" },
-      field("thinking", el.thinking), field("thinking budget (tokens)", el.budgetTokens),
-      field("thinking budget (ms)", el.budgetMs)),
+    h("div", { class: "grid3" },
+      field("thinking", el.thinking), field("budget tokens", el.budgetTokens), field("budget ms", el.budgetMs)),
     details("Tools (JSON)", el.tools));
   return el;
 }
@@ -168,7 +169,8 @@ async function correctionsPanel(box, useRoute) {
     return c;
   };
   const trainButton = h("button", { class: "primary", id: "corr-train" }, "Train on corrections");
-  const form = h("div", { class: "row wrap" }, field("output adapter", outputName), field("epochs", epochs), field("learning rate", lr), trainButton);
+  const form = h("div", {}, h("div", { class: "grid3" }, field("output adapter", outputName), field("epochs", epochs),
+    field("learning rate", lr)), h("div", { class: "row" }, trainButton));
   if (useRoute) {
     let list = [];
     try { const r = await get("/v1/corrections"); list = r.corrections || r.data || (Array.isArray(r) ? r : []); } catch (e) { out.append(errorBox(e)); }
@@ -181,8 +183,8 @@ async function correctionsPanel(box, useRoute) {
     });
   } else {
     const rows = localExamples();
-    box.append(h("p", {}, `${rows.length} correction(s) kept in this browser as SFT examples (this server has no /v1/corrections).`),
-      rows.length ? details("examples", json(rows)) : null);
+    box.append(h("p", {}, `${rows.length} correction(s) kept in this browser as SFT examples (this server has no /v1/corrections).`));
+    if (rows.length) box.append(details("examples", json(rows)));
     trainButton.disabled = !rows.length;
     trainButton.onclick = () => act(trainButton, out, async () => {
       const r = await post("/v1/train/sft", { examples: rows, config: config() });
@@ -191,7 +193,7 @@ async function correctionsPanel(box, useRoute) {
       box.append(h("p", {}, "Training job ", h("a", { href: `#/training?job=${q(r.job_id)}`, id: "corr-job-link" }, r.job_id), " queued: ", r.message));
     });
     const clearButton = h("button", { onclick: () => { saveLocalExamples([]); correctionsPanel(box, useRoute); } }, "Discard");
-    form.append(rows.length ? clearButton : null);
+    if (rows.length) form.lastChild.append(clearButton);
   }
   box.append(form, out);
 }
@@ -364,8 +366,8 @@ export async function render(root) {
     h("div", { class: "main-col" },
       h("div", { class: "tabs" }, modeChat, modeCompare),
       card(null, transcript,
-        h("div", { class: "composer" }, prompt, h("div", { class: "row" }, send, stop, clearBtn))),
-      card("Corrections", corrBox))));
+        h("div", { class: "composer" }, prompt, h("div", { class: "row" }, send, stop, clearBtn)))),
+    h("div", { class: "corr-col" }, card("Corrections", corrBox))));
   setMode(state.mode);
   await correctionsPanel(corrBox, correctionsRoute);
 }

@@ -14,6 +14,9 @@ export function outcomeLabel(r) {
   return r.closed ? "natural_close" : "unclosed";
 }
 
+const OUTCOME_TEXT = { tokens: "forced: token limit", time: "forced: time limit", max_tokens: "forced: max_tokens",
+  natural_close: "closed naturally", unconfigured: "no budget", inert: "inert (not applied)", unresolved: "unresolved",
+  unclosed: "never closed", interrupted: "forced, interrupted" };
 const OUTCOME_KIND = { natural_close: "good", unconfigured: "muted", inert: "muted", unresolved: "warn", unclosed: "warn", interrupted: "bad" };
 
 function ms(v) { return v === null || v === undefined ? "—" : `${fmtNum(v, 0)} ms`; }
@@ -57,7 +60,7 @@ export async function render(root, ctx) {
           h("td", {}, ms(r.ttft_ms ?? r.ttft)),
           h("td", {}, r.finish_reason || "—"),
           h("td", {}, badge(r.status || "—", r.status === "ok" || r.status === "completed" ? "good" : r.status ? "bad" : "")),
-          h("td", {}, outcome ? badge(outcome, OUTCOME_KIND[outcome] || "info") : "—",
+          h("td", { title: outcome || "" }, outcome ? badge(OUTCOME_TEXT[outcome] || outcome, OUTCOME_KIND[outcome] || "info") : "—",
             tb && tb.thinking_tokens !== undefined ? h("div", { class: "muted small" }, `${tb.thinking_tokens} thinking tokens`) : null));
       }), { id: "recent-table" }));
   });

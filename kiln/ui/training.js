@@ -139,7 +139,7 @@ export async function render(root, ctx) {
         stat("loss", fmtNum(d.current_loss, 4)), stat("tokens/s", fmtNum(d.tokens_per_sec, 0)),
         stat("tokens trained", fmtNum(d.tokens_trained, 0)), stat("elapsed", fmtDuration(d.elapsed_secs)),
         stat("progress", fmtPct(d.progress, 0))),
-      h("div", { id: "loss-curve" }, lineChart([{ name: "loss", points }], { id: "loss-chart", xLabel: "step", yLabel: "loss", height: 240 })),
+      h("div", { id: "loss-curve" }, lineChart([{ name: "loss", points }], { id: "loss-chart", yMin: 0, xLabel: "step", yLabel: "loss", height: 240 })),
       d.error ? errorBox({ message: d.error }) : null,
       d.activation_error ? errorBox({ message: `activation: ${d.activation_error}` }) : null,
       d.post_eval_verdict ? h("p", { class: "verdict" }, d.post_eval_verdict) : null,
@@ -150,5 +150,5 @@ export async function render(root, ctx) {
       out));
   }
 
-  ctx.every(1500, async () => { await refreshList(); await refreshDetail(); });
+  ctx.every(1000, async () => { await refreshList(); await refreshDetail(); });
 }
