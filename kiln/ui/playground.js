@@ -52,8 +52,9 @@ function outcomeText(tb) {
   if (!tb.configured) return null;
   if (tb.applied === false) return "budget inert";
   if (!("closed" in tb)) return "budget unresolved";
-  if (tb.triggered) return `budget ${tb.trigger}${tb.closed ? "" : " (interrupted)"} after ${tb.thinking_tokens} thinking tokens`;
-  return `thinking closed naturally after ${tb.thinking_tokens} tokens`;
+  const limit = { tokens: "thinking-token budget", time: "thinking-time budget", max_tokens: "max_tokens" }[tb.trigger] || tb.trigger;
+  if (tb.triggered) return `thinking ${tb.closed ? "forced closed" : "cut off"} by the ${limit} after ${tb.thinking_tokens} tokens, ${tb.thinking_time_ms} ms`;
+  return `thinking closed by itself after ${tb.thinking_tokens} tokens`;
 }
 
 async function runStream(body, view, signal) {
@@ -91,7 +92,6 @@ async function runStream(body, view, signal) {
   } finally {
     view.el.classList.remove("streaming");
   }
-  if (out.reasoning && out.content) view.reasoningBox.open = false;
   const perf = out.metadata?.performance;
   const bits = [out.finish && `finish: ${out.finish}`,
     out.usage && `${out.usage.completion_tokens} tokens`,
@@ -147,8 +147,8 @@ function controls() {
       field("temperature", el.temperature), field("max_tokens", el.max_tokens),
       field("top_p", el.top_p), field("top_k", el.top_k),
       field("seed", el.seed), field("stop", el.stop)),
-    h("div", { class: "grid3" },
-      field("thinking", el.thinking), field("budget tokens", el.budgetTokens), field("budget ms", el.budgetMs)),
+    field("thinking", el.thinking),
+    h("div", { class: "grid2" }, field("thinking budget, tokens", el.budgetTokens), field("thinking budget, ms", el.budgetMs)),
     details("Tools (JSON)", el.tools));
   return el;
 }

@@ -69,6 +69,16 @@ def css(browser: Browser, selector: str, timeout: float = 30.0):
     return wait(browser, lambda d: (d.find_elements(By.CSS_SELECTOR, selector) or [None])[0], timeout, selector)
 
 
+def read(browser: Browser, selector: str, fn, timeout: float = 30.0):
+    """fn(element) for a freshly found element, retried while a re-render makes it stale."""
+    from selenium.webdriver.common.by import By
+
+    def attempt(d):
+        found = d.find_elements(By.CSS_SELECTOR, selector)
+        return (fn(found[0]),) if found else None
+    return wait(browser, attempt, timeout, selector)[0]
+
+
 def open_page(browser: Browser, server: RunningServer, hash_: str, ready: str):
     browser.driver.get(f"{server.url}/ui/#/{hash_}")
     return css(browser, ready)
@@ -235,9 +245,8 @@ def test_training_loss_curve_gains_points_while_the_job_runs(server, browser):
     seen: list[int] = []
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        chart = css(browser, "#loss-chart")
-        seen.append(int(chart.get_attribute("data-points")))
-        if "completed" in css(browser, "#train-detail .badge").text:
+        seen.append(int(read(browser, "#loss-chart", lambda e: e.get_attribute("data-points"))))
+        if "completed" in read(browser, "#train-detail .badge", lambda e: e.text):
             break
         time.sleep(0.25)
     job_id = next(j["job_id"] for j in api(server, "GET", "/v1/train/status") if j["adapter_name"] == "ui-sft")
@@ -245,8 +254,8 @@ def test_training_loss_curve_gains_points_while_the_job_runs(server, browser):
     assert detail["state"] == "completed", detail
     growth = sorted(set(seen))
     assert len(growth) >= 3, f"the curve was seen with {growth} points only"  # it grew while running
-    wait(browser, lambda d: int(css(browser, "#loss-chart").get_attribute("data-points")) == len(detail["loss_curve"]),
-         what="final curve")
+    wait(browser, lambda d: int(read(browser, "#loss-chart", lambda e: e.get_attribute("data-points")))
+         == len(detail["loss_curve"]), what="final curve")
     shoot(browser, "training", "#loss-chart")
 
 
@@ -303,7 +312,8 @@ def test_recent_requests_page_shows_the_table_or_says_the_route_is_missing(serve
 
 # ---- routes other servers have: answered in the page by a stand-in fetch ---------------------------
 
-# Injected before the page's own scripts: answers the listed "METHOD /path" keys with canned JSON,
+# Injected before the page's own scripts: answers the listed "METHOD /path" keys with canned JSON
+# (or, for {"__sse__": [chunks]}, an event stream of those chunks),
 # records what the page sent, and hands everything else to the real server. With `key`, every /v1/*
 # and /ui/api/* call without `Authorization: Bearer <key>` is answered 401 invalid_api_key, as a
 # server started with an API key answers.
@@ -321,6 +331,9 @@ STAND_IN = """
       return reply(401, {error: {message: "Missing or invalid API key.", type: "authentication_error", param: null,
                                  code: "invalid_api_key", hint: "Send Authorization: Bearer <key>."}});
     const hit = routes[method + " " + url.pathname];
+    if (hit && hit.__sse__)
+      return new Response(hit.__sse__.map((c) => "data: " + JSON.stringify(c) + "\\n\\n").join("") + "data: [DONE]\\n\\n",
+                          {status: 200, headers: {"content-type": "text/event-stream"}});
     return hit === undefined ? real(input, init) : reply(200, hit);
   };
 })();
@@ -407,6 +420,55 @@ def test_corrections_go_to_the_corrections_route_when_it_exists(server, browser,
     assert css(browser, "#corr-job-link").text == "train-from-corrections"
     train = sent(browser, "POST", "/v1/corrections/train")[0]["body"]
     assert train == {"config": {"auto_load": True, "output_name": "fixes-v1"}}
+
+
+def test_playground_shows_reasoning_apart_and_tool_calls_and_sends_every_control(server, browser, stand_in):
+    def chunk(delta: dict, finish: str | None = None, **extra) -> dict:
+        choice = {"index": 0, "delta": delta, **({"finish_reason": finish} if finish else {})}
+        return {"id": "chatcmpl-think", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+                "choices": [choice], **extra}
+    budget = {"configured": True, "applied": True, "tokens_source": "request", "time_source": "unlimited",
+              "max_tokens": 16, "triggered": True, "trigger": "tokens", "closed": True, "thinking_tokens": 16,
+              "thinking_time_ms": 40}
+    stream = [chunk({"role": "assistant"}), chunk({"reasoning_content": "The user wants "}),
+              chunk({"reasoning_content": "the weather."}), chunk({"content": "Let me check."}),
+              chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": '{"city": '}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
+              chunk({}, "tool_calls", metadata={"thinking_budget": budget})]
+    stand_in({"POST /v1/chat/completions": {"__sse__": stream}})
+    if UPLOADED not in [a["name"] for a in api(server, "GET", "/v1/adapters")["available"]]:  # run alone
+        archive = (server.log_path.parent / f"{UPLOADED}.tar.gz").read_bytes()
+        api(server, "POST", "/v1/adapters/upload", data={"name": UPLOADED},
+            files={"archive": (f"{UPLOADED}.tar.gz", archive, "application/gzip")})
+    open_page(browser, server, "playground", "#pg-input")
+    css(browser, "#mode-chat").click()
+    css(browser, "#pg-clear").click()
+    choose(css(browser, "#target-a"), "composition")
+    parts = browser.driver.find_elements("css selector", "#target-a + .composition .comp-part")
+    assert len(parts) == 2
+    choose(parts[0].find_element("css selector", ".comp-name"), ADAPTER)
+    set_value(parts[0].find_element("css selector", ".comp-scale"), "0.5")
+    choose(parts[1].find_element("css selector", ".comp-name"), UPLOADED)
+    set_value(parts[1].find_element("css selector", ".comp-scale"), "0.25")
+    choose(css(browser, "#pg-thinking"), "on")
+    set_value(css(browser, "#pg-budget-tokens"), "16")
+    set_value(css(browser, "#pg-seed"), "7")
+    browser.driver.find_element("xpath", "//summary[text()='Tools (JSON)']").click()
+    set_value(css(browser, "#pg-tools"), json.dumps([{"type": "function", "function": {"name": "get_weather"}}]))
+    css(browser, "#pg-input").send_keys("Weather in Paris?")
+    css(browser, "#pg-send").click()
+    done = css(browser, "#transcript .msg.assistant[data-done]")
+    assert css(browser, ".reasoning .reasoning-text").get_attribute("textContent") == "The user wants the weather."
+    assert answer_text(done) == "Let me check."  # reasoning is not in the answer
+    assert "get_weather" in css(browser, ".tool-call").text and '{"city": "Paris"}' in css(browser, ".tool-call").text
+    assert "finish: tool_calls" in done.text and "forced closed by the thinking-token budget" in done.text
+    body = sent(browser, "POST", "/v1/chat/completions")[-1]["body"]
+    assert body["stream"] is True and body["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
+    assert body["adapters"] == [{"name": ADAPTER, "scale": 0.5}, {"name": UPLOADED, "scale": 0.25}] and "adapter" not in body
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["thinking_budget_tokens"] == 16
+    assert body["seed"] == 7 and body["tools"][0]["function"]["name"] == "get_weather"
+    shoot(browser, "playground-reasoning")
 
 
 def test_a_server_with_an_api_key_gets_it_from_the_person_and_on_every_call(server, browser, stand_in):
