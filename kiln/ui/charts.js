@@ -19,7 +19,8 @@ function niceTicks(min, max, count = 4) {
   const mag = 10 ** Math.floor(Math.log10(step0));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => span / st <= count) || 10 * mag;
   const ticks = [];
-  for (let v = Math.floor(min / step + 1e-9) * step; v <= max + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+  const last = Math.ceil(max / step - 1e-9) * step;
+  for (let v = Math.floor(min / step + 1e-9) * step; v <= last + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
   return ticks;
 }
 

@@ -140,8 +140,10 @@ export async function render(root, ctx) {
       h("p", { class: "muted small" }, "The first checked target is the baseline; flips are counted against it."), b, out);
   }
 
+  const jobsById = new Map();
   async function refreshJobs() {
     const { jobs } = await get("/v1/eval/jobs");
+    for (const j of jobs) jobsById.set(j.job_id, j);
     if (!selected && jobs.length) selected = jobs[0].job_id;
     clear(jobsBox, table(["job", "suite", "targets", "state", "progress", "accuracy", "submitted"], jobs.map((j) =>
       h("tr", { class: `clickable ${j.job_id === selected ? "selected" : ""}`, "data-job": j.job_id,
@@ -166,8 +168,12 @@ export async function render(root, ctx) {
     const runs = r.runs || [];
     const out = h("div");
     const active = ACTIVE.includes(r.state);
+    const info = jobsById.get(r.job_id);
+    const suiteName = runs[0]?.suite_name || info?.suite_name;
     const actions = h("div", { class: "row wrap" },
       stateBadge(r.state),
+      suiteName ? h("span", {}, `suite `, h("strong", {}, suiteName)) : null,
+      info?.source_training_job_id ? h("a", { href: `#/training?job=${q(info.source_training_job_id)}` }, "training job") : null,
       r.effective_seed ? h("span", { class: "muted small" }, `seed ${r.effective_seed}`) : null,
       h("span", { class: "spacer" }),
       runs.length ? h("a", { href: `/ui/api/eval-report/${q(r.job_id)}`, target: "_blank", id: "eval-report-link", class: "button",

@@ -6,6 +6,8 @@ through the API, and screenshotted at 1280 px and at phone width (390 px) under 
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
 from collections.abc import Iterator
 
@@ -80,6 +82,7 @@ def read(browser: Browser, selector: str, fn, timeout: float = 30.0):
 
 
 def open_page(browser: Browser, server: RunningServer, hash_: str, ready: str):
+    browser.driver.get("about:blank")  # a fresh document each time: a changed hash alone keeps the old one
     browser.driver.get(f"{server.url}/ui/#/{hash_}")
     return css(browser, ready)
 
@@ -232,12 +235,35 @@ def test_an_api_error_shows_the_envelope_message_and_hint(server, browser):
     assert f"HTTP 400 · {err['code']}" in box.text
 
 
+def test_adapter_load_unload_download_and_delete_from_the_list(server, browser, tmp_path):
+    archive = (server.log_path.parent / f"{UPLOADED}.tar.gz").read_bytes()
+    api(server, "POST", "/v1/adapters/upload", data={"name": "scratch"},
+        files={"archive": ("scratch.tar.gz", archive, "application/gzip")})
+    browser.driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+    open_page(browser, server, "adapters", 'tr[data-adapter="scratch"]')
+    row = 'tr[data-adapter="scratch"]'
+    browser.driver.find_element("xpath", "//tr[@data-adapter='scratch']//button[text()='Load']").click()
+    wait(browser, lambda d: "active" in read(browser, row, lambda e: e.text), what="loaded")
+    assert api(server, "GET", "/v1/adapters")["active"] == "scratch"
+    browser.driver.find_element("xpath", "//tr[@data-adapter='scratch']//button[text()='Unload']").click()
+    wait(browser, lambda d: "active" not in read(browser, row, lambda e: e.text), what="unloaded")
+    assert api(server, "GET", "/v1/adapters")["active"] is None
+    browser.driver.find_element("xpath", "//tr[@data-adapter='scratch']//button[text()='Download']").click()
+    saved = tmp_path / "scratch.tar.gz"
+    wait(browser, lambda d: saved.is_file() and saved.stat().st_size > 0, what="download")
+    assert saved.read_bytes() == httpx.get(server.url + "/v1/adapters/scratch/download", timeout=60).content
+    browser.driver.find_element("xpath", "//tr[@data-adapter='scratch']//button[text()='Delete']").click()
+    browser.driver.switch_to.alert.accept()
+    wait(browser, lambda d: not d.find_elements("css selector", row), what="row gone")
+    assert "scratch" not in [a["name"] for a in api(server, "GET", "/v1/adapters")["available"]]
+
+
 # ---- training ---------------------------------------------------------------------------------------
 
 def test_training_loss_curve_gains_points_while_the_job_runs(server, browser):
     open_page(browser, server, "training", "#sft-submit")
     set_value(css(browser, "#sft-output"), "ui-sft")
-    set_value(css(browser, "#sft-epochs"), "150")  # 300 steps: several seconds of polls
+    set_value(css(browser, "#sft-epochs"), "80")  # 160 steps: several seconds of 1 s polls
     set_value(css(browser, "#sft-lr"), "0.01")
     set_value(css(browser, "#sft-rank"), "8")
     css(browser, "#sft-submit").click()
@@ -259,6 +285,46 @@ def test_training_loss_curve_gains_points_while_the_job_runs(server, browser):
     shoot(browser, "training", "#loss-chart")
 
 
+def test_cancel_stops_a_running_job(server, browser):
+    job_id = api(server, "POST", "/v1/train/sft", json={"examples": [
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}],
+        "config": {"output_name": "ui-long", "epochs": 5000, "auto_load": False}})["job_id"]
+    open_page(browser, server, f"training?job={job_id}", "#train-cancel")
+    wait(browser, lambda d: "running" in read(browser, "#train-detail .badge", lambda e: e.text), what="running")
+    css(browser, "#train-cancel").click()
+    deadline = time.monotonic() + 60
+    while api(server, "GET", f"/v1/train/status/{job_id}")["state"] != "cancelled":
+        assert time.monotonic() < deadline, "the job was not cancelled"
+        time.sleep(0.2)
+    wait(browser, lambda d: "cancelled" in read(browser, "#train-detail .badge", lambda e: e.text), what="cancelled shown")
+
+
+def test_a_gated_job_shows_its_gate_outcome_verdict_and_evidence(server, browser):
+    # 20 held-out prompts (the gate's minimum of pairs) disjoint from the training rows
+    suite = {"name": "ui-gate", "schema_version": 2, "default_scorer": {"kind": "contains", "phrases": ["Quillton"]},
+             "generation": {"max_tokens": 4, "temperature": 0},
+             "examples": [{"id": f"g{i}", "messages": [{"role": "user", "content": f"Which city is number {i}?"}]}
+                          for i in range(20)]}
+    api(server, "POST", "/v1/eval/suites", json=suite)
+    open_page(browser, server, "training", "#sft-submit")
+    set_value(css(browser, "#sft-output"), "ui-gated")
+    set_value(css(browser, "#sft-epochs"), "2")
+    browser.driver.find_element("xpath", "//summary[text()='Post-training eval gate']").click()
+    choose(css(browser, "#sft-post-suite"), "ui-gate")
+    choose(css(browser, "#sft-scope"), "held-out")
+    css(browser, "#sft-submit").click()
+    wait(browser, lambda d: "ui-gated" in read(browser, "#train-detail", lambda e: e.text), what="gated job")
+
+    def decided(_d):
+        text = read(browser, "#train-detail", lambda e: e.text)
+        return text if "gate" in text and "pending" not in text and "gate evidence" in text else None
+    text = wait(browser, decided, 180, "gate outcome")
+    job = next(j for j in api(server, "GET", "/v1/train/status") if j["adapter_name"] == "ui-gated")
+    assert job["gate_outcome"] in text and job["post_eval_verdict"] in text
+    assert job["linked_eval_job_ids"][0] in text
+    shoot(browser, "training-gate")
+
+
 # ---- evals and data ---------------------------------------------------------------------------------
 
 def test_eval_results_show_accuracy_intervals_tags_flips_and_the_report(server, browser):
@@ -267,8 +333,15 @@ def test_eval_results_show_accuracy_intervals_tags_flips_and_the_report(server, 
              "examples": [{"id": f"ex{i}", "messages": [{"role": "user", "content": f"Tell me a story #{i}"}],
                            "tags": ["even" if i % 2 == 0 else "odd"]} for i in range(8)]}
     api(server, "POST", "/v1/eval/suites", json=suite)
-    job_id = api(server, "POST", "/v1/eval/compare", json={"suite": "ui-suite", "adapters": ["", ADAPTER]})["job_id"]
-    open_page(browser, server, f"evals?job={job_id}", "#eval-jobs-table")
+    open_page(browser, server, "evals", "#cmp-submit")
+    choose(css(browser, "#cmp-suite"), "ui-suite")
+    for box in browser.driver.find_elements("css selector", ".cmp-adapter"):
+        if box.is_selected() != (box.get_attribute("value") in ("", ADAPTER)):
+            box.click()
+    css(browser, "#cmp-submit").click()
+    wait(browser, lambda d: "ui-suite" in read(browser, "#eval-detail", lambda e: e.text), what="compare job")
+    job_id = api(server, "GET", "/v1/eval/jobs")["jobs"][0]["job_id"]
+    assert api(server, "GET", "/v1/eval/jobs")["jobs"][0]["adapters"] == [None, ADAPTER]
     chart = css(browser, "#accuracy-chart", timeout=90)
     result = api(server, "GET", f"/v1/eval/jobs/{job_id}")
     assert result["state"] == "completed"
@@ -298,6 +371,11 @@ def test_data_page_shows_datasets_splits_and_the_judgment_histogram(server, brow
     counts = api(server, "GET", "/v1/eval/datasets/sums")["split_counts"]
     assert f"{counts['train']} / {counts['validation']} / {counts['holdout']}" in sums
     assert "b 1" in css(browser, 'tr[data-judgment="ui-votes"]').text
+    set_value(css(browser, "#compile-holdout"), "0")
+    css(browser, "#compile-submit").click()
+    wait(browser, lambda d: "SFT rows in dataset ui-votes-sft" in read(browser, "#data-detail", lambda e: e.text), what="compiled")
+    assert api(server, "GET", "/v1/eval/datasets/ui-votes-sft")["num_rows"] >= 1
+    css(browser, 'tr[data-dataset="ui-votes-sft"]')
     shoot(browser, "data", "#winner-histogram")
 
 
@@ -486,6 +564,33 @@ def test_a_server_with_an_api_key_gets_it_from_the_person_and_on_every_call(serv
     browser.driver.refresh()  # the stored key is sent from the first call on
     wait(browser, lambda d: css(browser, "#model-id").text == "tiny", what="model id after reload")
     assert not browser.driver.find_elements("css selector", "#api-key-dialog")
+
+
+def test_overview_shows_live_decode_throughput_under_load(server, browser):
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": "Count."}], "max_tokens": 48, "ignore_eos": True})
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        open_page(browser, server, "overview", "#model-id")
+
+        def rate(_d) -> float | None:
+            m = re.search(r"([\d.,]+) tok/s", read(browser, "#tile-decode", lambda e: e.text))
+            value = float(m.group(1).replace(",", "")) if m else 0.0
+            return value if value > 0 else None
+        assert wait(browser, rate, 30, "decode tok/s") > 0
+        assert re.search(r"ITL [\d.]+ ms", css(browser, "#tile-decode").text)
+        wait(browser, lambda d: int(read(browser, "#throughput-chart svg", lambda e: e.get_attribute("data-points"))) >= 3,
+             30, "throughput points")
+        browser.screenshot("overview-busy-1280")
+    finally:
+        stop.set()
+        worker.join(timeout=60)
 
 
 def test_pages_raise_no_script_errors(browser):
