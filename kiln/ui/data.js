@@ -24,13 +24,13 @@ export async function render(root, ctx) {
 
   async function refreshDatasets() {
     const { datasets } = await get("/v1/eval/datasets");
-    clear(dsBox, table(["dataset", "rows", "split (train / validation / holdout)", ""], datasets.map((d) => {
+    clear(dsBox, table(["dataset", "rows", "split", ""], datasets.map((d) => {
       const c = d.split_counts || {};
       return h("tr", { "data-dataset": d.name, class: "clickable", onclick: () => showDataset(d.name) },
         h("td", {}, h("strong", {}, d.name), h("div", { class: "muted small" }, `${d.format} · ${fmtBytes(d.size_bytes)}`)),
         h("td", {}, d.num_rows),
         h("td", {}, stackBar(["train", "validation", "holdout"].map((k) => ({ label: k, value: c[k] || 0, color: SPLIT_COLORS[k] }))),
-          h("div", { class: "small muted" }, `${c.train ?? 0} / ${c.validation ?? 0} / ${c.holdout ?? 0}`)),
+          h("div", { class: "small muted" }, `${c.train ?? 0} train / ${c.validation ?? 0} validation / ${c.holdout ?? 0} holdout`)),
         h("td", {}, h("button", { class: "small danger", onclick: (e) => {
           e.stopPropagation();
           if (!confirm(`Delete dataset ${d.name}?`)) return;
@@ -148,7 +148,7 @@ export async function render(root, ctx) {
       clear(out,
         h("div", { class: "cols" },
           h("div", {}, h("h3", {}, "Winners"), countBars(["a", "b", "tie", "skip"].map((k) => ({ label: k, value: hist[k] || 0, color: WINNER_COLORS[k] })), { id: "winner-histogram" }),
-            h("p", { class: "muted small" }, `${m.num_rows} rows${m.last_compiled_at ? ` · last compiled ${fmtTime(m.last_compiled_at)} (${m.last_compiled_split} rows)` : ""}`)),
+            h("p", { class: "muted small" }, `${m.num_rows} row${m.num_rows === 1 ? "" : "s"}${m.last_compiled_at ? ` · last compiled ${fmtTime(m.last_compiled_at)} (${m.last_compiled_split} rows)` : ""}`)),
           h("div", {},
             h("h3", {}, "Compile to SFT data"), h("div", { class: "grid2" }, field("output dataset", outName), field("holdout rows", holdout)),
             h("label", { class: "check" }, skips, " include skips"), compile, compileOut,

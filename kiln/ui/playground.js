@@ -227,8 +227,8 @@ function correctionEditor(answer, prompt, onSaved, useRoute) {
 
 // ---- page -------------------------------------------------------------------------------------------
 
-export async function render(root) {
-  const [{ active, names }, correctionsRoute, judgmentsList] = await Promise.all([
+export async function render(root, ctx) {
+  let [{ active, names }, correctionsRoute, judgmentsList] = await Promise.all([
     adapterNames(), hasRoute("/v1/corrections"), get("/v1/judgments").catch(() => ({ judgments: [] }))]);
   const c = controls();
   const pickA = targetPicker(names, { id: "target-a" });
@@ -327,7 +327,7 @@ export async function render(root) {
       localStorage.setItem("kiln.judgmentSet", name);
       bar.querySelectorAll("button.vote").forEach((b) => { b.disabled = true; });
       clear(out, h("span", { class: "ok-note" }, `✓ saved "${winner}" to `, h("a", { href: `#/data?judgment=${q(name)}` }, name),
-        ` (row ${row.id}, ${row.num_rows} rows)`));
+        ` (row ${row.judgment_id}, ${row.num_rows} rows now)`));
     });
     const bar = h("div", { class: "vote-bar" },
       h("span", {}, "Which is better?"),
@@ -370,4 +370,11 @@ export async function render(root) {
     h("div", { class: "corr-col" }, card("Corrections", corrBox))));
   setMode(state.mode);
   await correctionsPanel(corrBox, correctionsRoute);
+  ctx.every(4000, async () => {
+    const list = await get("/v1/adapters"); // a failed poll throws and changes nothing
+    active = list.active || null;
+    names = (list.available || []).map((a) => a.name);
+    pickA.setNames(names);
+    pickB.setNames(names);
+  });
 }

@@ -38,10 +38,13 @@ export function describeTarget(t, active) {
 
 // A picker widget; .value() gives the current target.
 export function targetPicker(names, { id, initial = "default" } = {}) {
-  const options = [["default", "server default (active adapter)"], ["base", "base model"],
-    ...names.map((n) => [`adapter:${n}`, `adapter: ${n}`])];
-  if (names.length) options.push(["composition", "composition of adapters…"]);
-  const sel = select(options, { id, class: "target-select" });
+  const optionsFor = (list) => {
+    const options = [["default", "server default (active adapter)"], ["base", "base model"],
+      ...list.map((n) => [`adapter:${n}`, `adapter: ${n}`])];
+    if (list.length) options.push(["composition", "composition of adapters…"]);
+    return options;
+  };
+  const sel = select(optionsFor(names), { id, class: "target-select" });
   sel.value = initial;
   const parts = h("div", { class: "composition" });
   const addPart = (name = names[0], scale = 1) => {
@@ -61,6 +64,20 @@ export function targetPicker(names, { id, initial = "default" } = {}) {
   sel.addEventListener("change", sync);
   sync();
   const wrap = h("div", { class: "target-picker" }, sel, parts);
+  // Adapters trained or uploaded while the page is open join the list; the choice is kept.
+  wrap.setNames = (list) => {
+    if (list.join("\n") === names.join("\n")) return;
+    names = list;
+    const keep = sel.value;
+    sel.replaceChildren(...select(optionsFor(list)).children);
+    sel.value = [...sel.options].some((o) => o.value === keep) ? keep : "default";
+    for (const nameSel of parts.querySelectorAll(".comp-name")) {
+      const v = nameSel.value;
+      nameSel.replaceChildren(...select(list).children);
+      nameSel.value = list.includes(v) ? v : list[0] || "";
+    }
+    sync();
+  };
   wrap.value = () => {
     const v = sel.value;
     if (v === "default" || v === "base") return { kind: v };

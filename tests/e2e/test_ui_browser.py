@@ -200,6 +200,7 @@ def test_compare_vote_appends_a_row_to_the_chosen_judgment_set(server, browser):
     rows = api(server, "GET", "/v1/judgments/ui-votes/rows")["rows"]
     assert len(rows) == 1
     row = rows[0]
+    assert f"row {row['id']}, 1 rows now" in css(browser, "#vote-result").text
     assert row["winner"] == "b" and row["adapter_a"] is None and row["adapter_b"] == ADAPTER
     assert row["response_a"] == answer_text(a) and row["response_b"] == answer_text(b)
     assert row["prompt"] == [{"role": "user", "content": "Tell me about the mountains."}]
@@ -369,7 +370,7 @@ def test_data_page_shows_datasets_splits_and_the_judgment_histogram(server, brow
     assert 'tr[data-dataset="sums"]'
     sums = css(browser, 'tr[data-dataset="sums"]').text
     counts = api(server, "GET", "/v1/eval/datasets/sums")["split_counts"]
-    assert f"{counts['train']} / {counts['validation']} / {counts['holdout']}" in sums
+    assert f"{counts['train']} train / {counts['validation']} validation / {counts['holdout']} holdout" in sums
     assert "b 1" in css(browser, 'tr[data-judgment="ui-votes"]').text
     set_value(css(browser, "#compile-holdout"), "0")
     css(browser, "#compile-submit").click()
