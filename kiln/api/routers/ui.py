@@ -67,7 +67,7 @@ async def ui_info(request: Request) -> JSONResponse:
 async def ui_eval_report(request: Request, job_id: str) -> HTMLResponse:
     from kiln.evals.report import render_report
 
-    jobs = get_state(request).services.get("eval_jobs")
+    jobs = get_state(request).services.eval_jobs
     if jobs is None:
         raise KilnError(503, "eval_registry_unavailable", "this server has no eval job manager")
     result = jobs.get(job_id).result()  # 404 in the envelope for an unknown job
