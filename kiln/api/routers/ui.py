@@ -65,13 +65,17 @@ async def ui_info(request: Request) -> JSONResponse:
 
 @router.get("/ui/api/eval-report/{job_id}")
 async def ui_eval_report(request: Request, job_id: str) -> HTMLResponse:
-    from kiln.evals.report import render_report
+    from kiln.evals.report import ReportDependencyError, render_report
 
     jobs = get_state(request).services.eval_jobs
     if jobs is None:
         raise KilnError(503, "eval_registry_unavailable", "this server has no eval job manager")
     result = jobs.get(job_id).result()  # 404 in the envelope for an unknown job
-    html = await run_in_threadpool(render_report, result)
+    try:
+        html = await run_in_threadpool(render_report, result)
+    except ReportDependencyError as e:
+        raise KilnError(503, "report_unavailable", str(e), hint="pip install 'kiln[reports]' on the server, "
+                        "or use `kiln eval report JOB` where matplotlib is installed.") from None
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
 
