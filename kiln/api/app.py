@@ -32,6 +32,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.stats",
     "kiln.api.routers.corrections",
     "kiln.api.routers.compat",
+    "kiln.api.routers.ui",  # last: it owns `/` and everything under /ui
 ]
 
 
