@@ -441,17 +441,21 @@ def sent(browser: Browser, method: str, path: str) -> list[dict]:
 
 def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browser, stand_in):
     def record(i: int, budget: dict, status: str = "ok") -> dict:
-        return {"id": f"chatcmpl-{i}", "request_id": f"req-{i}", "created": 1_796_000_000 + i, "model": "tiny",
-                "adapter": None if i % 2 else "tone", "prompt_preview": f"question {i}", "completion_preview": f"answer {i}",
-                "prompt_tokens": 10 + i, "completion_tokens": 5, "duration_ms": 120.5, "ttft_ms": 12.0, "streamed": bool(i % 2),
-                "finish_reason": "stop", "status": status, "thinking_budget": budget}
+        # the shape GET /v1/stats/recent-requests answers (kiln.engine.records.CompletionRecord.recent)
+        return {"id": f"chatcmpl-{i}", "object": "kiln.recent_request", "request_id": f"req-{i}", "kind": "chat",
+                "created": 1_796_000_000 + i, "model": "tiny", "adapter": "base" if i % 2 else "tone",
+                "status": status, "finish_reason": "stop" if status == "ok" else "error", "streamed": bool(i % 2),
+                "prompt_preview": f"question {i}", "completion_preview": f"answer {i}" if status == "ok" else "",
+                "prompt_tokens": 10 + i, "completion_tokens": 5 if status == "ok" else 0, "duration_ms": 120.5,
+                "ttft_ms": 12.0 if status == "ok" else None, "num_choices": 1 if status == "ok" else 0,
+                "thinking_mode": "template_default", "thinking_budget": budget, "correctable": True}
     unconfigured = {"configured": False, "tokens_source": "unlimited", "time_source": "unlimited"}
     limited = {"configured": True, "tokens_source": "request", "time_source": "unlimited", "max_tokens": 8}
     records = [record(0, {**limited, "applied": True, "triggered": True, "trigger": "tokens", "closed": True,
                           "thinking_tokens": 8, "thinking_time_ms": 30}),
                record(1, {**limited, "applied": True, "triggered": False, "closed": True, "thinking_tokens": 3,
                           "thinking_time_ms": 9}),
-               record(2, limited, status="error"),  # failed before the budget applied
+               record(2, limited, status="rejected"),  # refused before the budget applied
                record(3, unconfigured)]
     stand_in({"GET /v1/stats/recent-requests": {"object": "list", "data": records}})
     open_page(browser, server, "requests", "#recent-table")
@@ -463,13 +467,16 @@ def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browse
     assert "unresolved" in text[2] and "error" in text[2]
     assert "no budget" in text[3]
     assert "question 0" in text[0] and "answer 0" in text[0] and "tone" in text[0] and "10 / 5" in text[0]
+    assert "rejected" in text[2] and "12 / 0" in text[2]
     shoot(browser, "requests-with-records")
 
 
 def test_overview_reads_decode_stats_when_the_server_has_them(server, browser, stand_in):
-    stand_in({"GET /v1/stats/decode": {"window_seconds": 60, "tokens_per_sec": 123.4, "itl_ms": {"mean": 8.1, "p50": 7.9,
-                                                                                                   "p99": 15.2},
-                                       "samples": 42, "running": 0, "waiting": 0, "kv_cache_usage": 0.0}})
+    # the shape GET /v1/stats/decode answers (kiln.api.routers.stats)
+    stand_in({"GET /v1/stats/decode": {"object": "kiln.decode_stats", "tok_per_sec": 123.4, "mean_itl_ms": 8.1,
+                                       "p50_itl_ms": 7.9, "p99_itl_ms": 15.2, "sample_count": 42, "window_secs": 60.0,
+                                       "span_secs": 0.34, "running": 0, "waiting": 0, "kv_cache_usage": 0.0,
+                                       "kv_blocks_used": 0, "kv_blocks_total": 256}})
     open_page(browser, server, "overview", "#model-id")
     wait(browser, lambda d: "123.4 tok/s" in css(browser, "#tile-decode").text, what="decode stats")
     assert "ITL 8.1 ms" in css(browser, "#tile-decode").text
@@ -477,9 +484,18 @@ def test_overview_reads_decode_stats_when_the_server_has_them(server, browser, s
 
 
 def test_corrections_go_to_the_corrections_route_when_it_exists(server, browser, stand_in):
-    stand_in({"GET /v1/corrections": {"object": "list", "data": [{"id": "corr-1", "state": "pending"}]},
-              "POST /v1/corrections": {"id": "corr-1", "state": "pending"},
-              "POST /v1/corrections/train": {"job_id": "train-from-corrections", "state": "queued"}})
+    # the shapes the corrections routes answer (kiln.api.routers.corrections)
+    correction = {"object": "kiln.correction", "id": "corr-1", "request_id": "chatcmpl-1",
+                  "messages": [{"role": "user", "content": QUESTION}],
+                  "corrected": {"role": "assistant", "content": "Quillton."}, "created_at": "2026-12-01T16:00:00.000000Z",
+                  "original": {"role": "assistant", "content": "Paris"}, "adapter": "base", "state": "pending",
+                  "history": []}
+    stand_in({"GET /v1/corrections": {"object": "list", "data": [correction], "counts": {"pending": 1, "trained": 0}},
+              "POST /v1/corrections": correction,
+              "POST /v1/corrections/train": {"job_id": "train-from-corrections", "state": "queued",
+                                             "adapter_name": "fixes-v1", "corrections": ["corr-1"], "replayed": 0,
+                                             "message": "Queued SFT job training adapter `fixes-v1` on 1 correction "
+                                                        "and 0 rehearsed answers (8 steps)"}})
     open_page(browser, server, "playground", "#pg-input")
     css(browser, "#mode-chat").click()
     css(browser, "#pg-clear").click()
