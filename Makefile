@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: serve test venv lint bench clean
+.PHONY: serve test venv lint bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,8 +23,22 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/kiln serve $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Debian's chromium and its driver for the dashboard's browser test (tests/e2e/test_ui_browser.py):
+# installed when missing and running as root (as CI does); otherwise that test skips and says why.
+browser:
+	@if ! { command -v chromium && test -x /usr/bin/chromedriver; } >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium and chromium-driver (apt) for the browser test"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	        chromium chromium-driver fonts-dejavu-core; } >/dev/null 2>&1 \
+	      || echo "could not install chromium: the browser test will skip"; \
+	  else \
+	    echo "chromium is not installed and this is not root: the browser test will skip"; \
+	  fi; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check kiln tests benchmarks

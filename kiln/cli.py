@@ -1,4 +1,4 @@
-"""`kiln` command line: serve | chat | eval | bench | adapters | train | datasets | judgments."""
+"""`kiln` command line: serve | chat | eval | bench | adapters | train | datasets | judgments | requests | corrections."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "kiln.commands.bench",
     "kiln.commands.eval",
     "kiln.commands.train",
+    "kiln.commands.requests",
+    "kiln.commands.corrections",
 ]
 
 

@@ -99,6 +99,29 @@ class TrainingSettings:
 
 
 @dataclass
+class StatsSettings:
+    # The recent-request ring (GET /v1/stats/recent-requests): how many finished requests it keeps.
+    recent_requests: int = 100
+    # Characters of prompt and completion a recent-request row previews.
+    preview_chars: int = 200
+    # The rolling window of GET /v1/stats/decode (and the kiln_decode_* gauges).
+    decode_window_secs: float = 60.0
+
+
+@dataclass
+class RequestLogSettings:
+    # One JSONL row per finished chat/batch request, full messages and completions (off by default:
+    # it stores what users sent).
+    enabled: bool = False
+    dir: str | None = None  # default <data_dir>/requests
+    max_file_bytes: int = 64 << 20      # rotate the current file past this size
+    max_total_bytes: int = 2 << 30      # then delete the oldest rotated files past this total
+    compress: bool = True               # gzip rotated files
+    max_capture_bytes: int = 4 << 20    # a larger row is stored without its messages and completions
+    queue_rows: int = 1024              # rows waiting for the writer thread; beyond, rows are dropped
+
+
+@dataclass
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
@@ -106,6 +129,12 @@ class Settings:
     data: DataSettings = field(default_factory=DataSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    stats: StatsSettings = field(default_factory=StatsSettings)
+    request_log: RequestLogSettings = field(default_factory=RequestLogSettings)
+
+    @property
+    def request_log_dir(self) -> Path:
+        return Path(self.request_log.dir or Path(self.data.data_dir) / "requests")
 
     @property
     def adapter_dir(self) -> Path:
@@ -245,3 +274,11 @@ def _validate(s: Settings) -> None:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
     if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:
         raise ConfigError("engine.block_size, max_batch_tokens and max_num_seqs must be positive")
+    if s.stats.recent_requests < 1 or s.stats.preview_chars < 0 or not s.stats.decode_window_secs > 0:
+        raise ConfigError("stats.recent_requests must be >= 1, preview_chars >= 0 and decode_window_secs > 0")
+    rl = s.request_log
+    if rl.dir is not None and not rl.dir.strip():
+        raise ConfigError("request_log.dir must be a non-empty path when set")
+    if rl.max_file_bytes < 4096 or rl.max_total_bytes <= 0 or rl.max_capture_bytes <= 0 or rl.queue_rows <= 0:
+        raise ConfigError("request_log.max_file_bytes must be >= 4096; max_total_bytes, max_capture_bytes and "
+                          "queue_rows must be positive")

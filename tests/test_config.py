@@ -51,3 +51,12 @@ def test_example_config_lists_valid_settings():
     s = load_settings(ROOT / "kiln.example.toml", env={})
     assert s.engine.max_batch_tokens == 512
 
+
+def test_request_log_and_stats_settings_are_checked():
+    s = load_settings(None, env={"KILN_REQUEST_LOG_ENABLED": "on", "KILN_STATS_RECENT_REQUESTS": "7"})
+    assert s.request_log.enabled is True and s.stats.recent_requests == 7
+    assert s.request_log_dir == Path("./kiln-data") / "requests"
+    with pytest.raises(ConfigError, match="request_log.max_file_bytes"):
+        load_settings(None, env={"KILN_REQUEST_LOG_MAX_FILE_BYTES": "10"})
+    with pytest.raises(ConfigError, match="stats.recent_requests"):
+        load_settings(None, env={"KILN_STATS_RECENT_REQUESTS": "0"})

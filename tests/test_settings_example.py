@@ -216,6 +216,35 @@ def _adapters_root(s: Settings) -> str:
     return str(ensure_adapters(_state(s)).root)
 
 
+def _recorder(s: Settings):
+    from kiln.api.services import ensure_recorder
+
+    return ensure_recorder(_state(s))
+
+
+def _request_log(s: Settings, attr: str) -> Any:
+    """The request log the server would open (enabled for the probe), one attribute of it."""
+    s.request_log.enabled = True
+    rlog = _recorder(s).request_log
+    try:
+        return getattr(rlog, attr) if attr != "queue_rows" else rlog._queue.maxsize
+    finally:
+        rlog.close()
+
+
+def _request_log_enabled(s: Settings) -> bool:
+    rlog = _recorder(s).request_log
+    if rlog is not None:
+        rlog.close()
+    return rlog is not None
+
+
+def _decode_window(s: Settings) -> float:
+    from kiln.engine.serving import decode_window
+
+    return decode_window(s).window_secs
+
+
 def _log_formatter(s: Settings) -> str:
     from kiln.api.request_log import formatter_for
 
@@ -288,6 +317,16 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("training", "max_queued_jobs"): (3, lambda s, t: _training(s).max_queued_jobs),
     ("training", "max_tracked_jobs"): (5, lambda s, t: _training(s).max_tracked_jobs),
     ("training", "webhook_url"): ("http://127.0.0.1:9/other", lambda s, t: _training(s).webhook_url),
+    ("stats", "recent_requests"): (7, lambda s, t: _recorder(s).ring.capacity),
+    ("stats", "preview_chars"): (5, lambda s, t: _recorder(s).ring.preview_chars),
+    ("stats", "decode_window_secs"): (5.0, lambda s, t: _decode_window(s)),
+    ("request_log", "enabled"): (True, lambda s, t: _request_log_enabled(s)),
+    ("request_log", "dir"): ("./other-log", lambda s, t: str(_request_log(s, "root"))),
+    ("request_log", "max_file_bytes"): (4096, lambda s, t: _request_log(s, "max_file_bytes")),
+    ("request_log", "max_total_bytes"): (1000, lambda s, t: _request_log(s, "max_total_bytes")),
+    ("request_log", "compress"): (False, lambda s, t: _request_log(s, "compress")),
+    ("request_log", "max_capture_bytes"): (1000, lambda s, t: _request_log(s, "max_row_bytes")),
+    ("request_log", "queue_rows"): (8, lambda s, t: _request_log(s, "queue_rows")),
 }
 
 

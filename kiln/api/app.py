@@ -29,7 +29,10 @@ ROUTER_MODULES = [
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
     "kiln.api.routers.train",
+    "kiln.api.routers.stats",
+    "kiln.api.routers.corrections",
     "kiln.api.routers.compat",
+    "kiln.api.routers.ui",  # last: it owns `/` and everything under /ui
 ]
 
 

@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from kiln.api.state import ServerState
     from kiln.data.datasets import DatasetStore
     from kiln.data.judgments import JudgmentStore
+    from kiln.engine.records import CompletionRecorder
     from kiln.evals.generator import Generator
     from kiln.evals.job_manager import EvalJobManager
     from kiln.evals.suite_store import SuiteStore
+    from kiln.train.corrections import CorrectionStore
     from kiln.train.executor import JobContext
     from kiln.train.manager import TrainingManager
 
@@ -38,6 +40,8 @@ class Services:
     eval_suites: SuiteStore | None = None
     eval_jobs: EvalJobManager | None = None
     training: TrainingManager | None = None
+    recorder: CompletionRecorder | None = None       # recent requests, the request log (kiln.engine.records)
+    corrections: CorrectionStore | None = None
 
     def active_adapter_name(self) -> str | None:
         return getattr(self.adapters_active, "name", None) or None
@@ -126,6 +130,38 @@ def ensure_training(state: ServerState) -> TrainingManager:
             eval_jobs.listeners.append(manager.on_eval_finished)
         state.services.training = manager
     return state.services.training
+
+
+def ensure_recorder(state: ServerState) -> CompletionRecorder:
+    """The ring of recent requests, the request log when `[request_log] enabled`, and the metrics."""
+    from kiln.engine.records import CompletionRecorder, RecentRequests
+    from kiln.store.request_log import RequestLog
+
+    s = state.services
+    if s.recorder is None:
+        settings = state.settings
+        rl = settings.request_log
+        request_log = None
+        if rl.enabled:
+            request_log = RequestLog(settings.request_log_dir, max_file_bytes=rl.max_file_bytes,
+                                     max_total_bytes=rl.max_total_bytes, compress=rl.compress,
+                                     max_row_bytes=rl.max_capture_bytes, queue_rows=rl.queue_rows)
+        ring = RecentRequests(settings.stats.recent_requests, preview_chars=settings.stats.preview_chars)
+        s.recorder = CompletionRecorder(ring, request_log,
+                                        listeners=[s.metrics.observe_record] if s.metrics is not None else [])
+    return s.recorder
+
+
+def ensure_corrections(state: ServerState) -> CorrectionStore:
+    """After training when that exists: a corrections job's end marks its corrections trained."""
+    from kiln.train.corrections import CorrectionStore, follow_training
+
+    s = state.services
+    if s.corrections is None:
+        s.corrections = CorrectionStore(Path(state.settings.data.data_dir) / "corrections")
+        if s.training is not None:
+            follow_training(s.corrections, s.training)
+    return s.corrections
 
 
 def _target_resolver(state: ServerState):

@@ -58,6 +58,12 @@ class ServerState:
     def completion_finished(self, done: FinishedCompletion) -> None:
         if self.services.metrics is not None:
             self.services.metrics.completion_finished(done)
+        if self.services.recorder is not None:
+            from kiln.engine.records import record_from_finished
+
+            rec = record_from_finished(done)
+            if rec is not None:
+                self.services.recorder.finished(rec)
         # the request's access line (kiln.api.request_log): what was generated, for whom, how fast
         ttft = done.timeline.ttft_ms() if done.timeline is not None else None
         note_request(model=done.model, adapter=done.adapter, prompt_tokens=done.prompt_tokens,

@@ -135,6 +135,9 @@ def _run(args) -> int:
     # Load in the background so /health can answer 503 while the weights load.
     threading.Thread(target=load, name="kiln-load", daemon=True).start()
     server.run()
+    recorder = state.services.recorder
+    if recorder is not None:
+        recorder.close()  # the request log writes what is queued
     if state.engine is not None:
         state.engine.shutdown()
     return 1 if state.load_error else 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kiln.core.block_manager import BlockManager
 from kiln.core.budget_controller import ThinkingBudgetController
+from kiln.core.decode_stats import DecodeWindow
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
@@ -74,6 +75,7 @@ class _Choice:
     budget: ThinkingBudgetController | None = None
     stats: ChoiceStats = field(default_factory=lambda: ChoiceStats(time.perf_counter()))
     idle_ms: float = 0.0  # pacing since the previous token
+    last_token_at: float | None = None  # perf_counter() of this choice's previous token (decode ITL)
 
 
 @dataclass
@@ -122,7 +124,7 @@ class EngineActor:
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, *, block_size: int, num_blocks: int,
                  max_num_seqs: int, max_batch_tokens: int, enable_prefix_caching: bool = True,
-                 prefill_cost_with_decodes: int = 0) -> None:
+                 prefill_cost_with_decodes: int = 0, decode_stats: DecodeWindow | None = None) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
@@ -137,6 +139,8 @@ class EngineActor:
         self.steps = 0
         self.last_step_at = time.monotonic()
         self.counters = EngineCounters()
+        # per-sequence inter-token gaps over a rolling window (GET /v1/stats/decode)
+        self.decode_stats = decode_stats or DecodeWindow()
         self.prewarmed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -289,10 +293,15 @@ class EngineActor:
         now = time.perf_counter()
         self.steps += 1
         self.last_step_at = time.monotonic()
+        gaps = []
         for seq_id, res in results.items():
             choice = self._choices.get(seq_id)
             if choice is not None:
+                if choice.last_token_at is not None:
+                    gaps.append(now - choice.last_token_at)
+                choice.last_token_at = now
                 self._on_token(choice, res.token_id, res.logprob, now, res.forced, timing)
+        self.decode_stats.record_step(now, gaps)
 
     def _account(self, out, prefilling: dict[int, bool], timing: StepTiming, results: dict) -> None:
         """Charge the step to each request it carried (a shared step counts fully for each)."""

@@ -225,6 +225,7 @@ class PreparedChat:
     adapter: AdapterTarget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
+    client_request_id: str | None = None   # the client's X-Request-Id (kiln.engine.records)
 
     def controllers(self) -> list[ThinkingBudgetController | None] | None:
         return budget_controllers(self.close_ids, self.budget, self.params) if self.budget_applies else None
@@ -328,6 +329,7 @@ class PromptPlan:
     budget_applies: bool = False
     error: str | None = None
     params: list[SamplingParams] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)   # the conversation, for the records
 
 
 @dataclass
@@ -343,6 +345,7 @@ class PreparedBatch:
     started_at: float = field(default_factory=now)
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "batchcmpl-" + uuid.uuid4().hex)
+    client_request_id: str | None = None
 
     @property
     def runnable(self) -> list[PromptPlan]:
@@ -391,7 +394,7 @@ def _plan_prompts(engine: Engine, inp: ChatInput, prompts: list[list[dict[str, A
                   budget: EffectiveBudget, kwargs: dict[str, Any]) -> list[PromptPlan]:
     plans = []
     for p, messages in enumerate(prompts):
-        plan = PromptPlan(p, [])
+        plan = PromptPlan(p, [], messages=messages)
         try:
             rendered = render_prompt(engine, messages, inp.tools, kwargs, prefix=inp.prefix)
             plan.prompt_ids, plan.thinking_enabled = rendered.prompt_ids, rendered.thinking_enabled

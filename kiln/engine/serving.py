@@ -16,6 +16,7 @@ import torch
 
 from kiln.config import Settings
 from kiln.core.block_manager import PrefixCacheStats
+from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
@@ -220,6 +221,10 @@ class Engine:
         runner = self.actor.runner
         return MemoryUse(runner.model_bytes, runner.kv_cache_bytes)
 
+    def decode_stats(self) -> DecodeSnapshot:
+        """Decode throughput and inter-token latency over the actor's rolling window, now."""
+        return self.actor.decode_stats.snapshot(time.perf_counter())
+
     def stats(self) -> EngineStats:
         """The actor's totals and the KV pool's state, for /metrics (lock-free reads, like the snapshot)."""
         actor, bm = self.actor, self.actor.block_manager
@@ -330,6 +335,11 @@ def kv_layout(settings: Settings, cfg: ModelConfig, kv_dtype: torch.dtype) -> tu
     return block_size, num_blocks, max_len
 
 
+def decode_window(settings: Settings) -> DecodeWindow:
+    """The rolling window of GET /v1/stats/decode ([stats] decode_window_secs), fed by the actor."""
+    return DecodeWindow(settings.stats.decode_window_secs)
+
+
 def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     """Load everything; `start=False` leaves the actor for the caller to run (`run_in_current_thread`)."""
     t0 = time.perf_counter()
@@ -363,7 +373,8 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
                       max_num_seqs=settings.engine.max_num_seqs,
                       max_batch_tokens=settings.engine.max_batch_tokens,
                       enable_prefix_caching=settings.engine.enable_prefix_caching,
-                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes)
+                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
+                      decode_stats=decode_window(settings))
     info = ModelInfo(
         path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,
         format=weights.format, dtype=str(kv_dtype).removeprefix("torch."), device=str(device),

@@ -68,6 +68,9 @@ class TrainingManager:
         self._running: str | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Called with a job when it ends and again when its post-training gate resolves (corrections
+        # mark themselves trained from here); a listener that raises is logged, never the worker's problem.
+        self.listeners: list[Callable[[TrainJob], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     def load_archived(self) -> int:
@@ -220,6 +223,7 @@ class TrainingManager:
         job.state, job.finished_at = CANCELLED, utc_now_rfc3339()
         self.store.save(job)
         self._notify_webhook(job)
+        self._notify_listeners(job)
 
     # -- the worker ------------------------------------------------------------------------------
     def _worker(self) -> None:
@@ -274,6 +278,7 @@ class TrainingManager:
             self._start_post_eval(job, plan)
         if not (post_eval and plan.gated):
             self._notify_webhook(job)
+        self._notify_listeners(job)
 
     # -- the post-training eval and its gate -----------------------------------------------------------
     def _start_post_eval(self, job: TrainJob, plan: TrainingPlan) -> None:
@@ -292,6 +297,7 @@ class TrainingManager:
                 self.store.save(job)
             if plan.gated:
                 self._notify_webhook(job)
+            self._notify_listeners(job)
             return
         with self._cond:
             if eval_job.job_id not in job.linked_eval_job_ids:
@@ -329,6 +335,14 @@ class TrainingManager:
                  job.gate_outcome or "report")
         if gated:
             self._notify_webhook(job)
+        self._notify_listeners(job)
+
+    def _notify_listeners(self, job: TrainJob) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(job)
+            except Exception:  # noqa: BLE001
+                log.exception("a training-job listener failed on %s", job.job_id)
 
     def _notify_webhook(self, job: TrainJob) -> None:
         url = job.webhook_url or self.webhook_url

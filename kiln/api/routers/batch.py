@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from kiln.api.errors import parse_body
 from kiln.api.routers.metrics import counting_refusals
+from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import get_state
 from kiln.api.wire.batch import PREFIX, BatchCompletionRequest
 from kiln.engine.chat_request import prepare_batch
@@ -25,8 +26,10 @@ CODE = "batch_invalid_request"
 async def batch_completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started):
+    with counting_refusals(state, started), recording_refusals(state, request, started, "batch") as seen:
         req = await parse_body(request, BatchCompletionRequest, code=CODE, prefix=PREFIX)
+        seen.inp, seen.prompts = req.to_input(), req.prompt_dicts()
         engine = state.require_engine()
-        batch = prepare_batch(engine, req.to_input(), req.prompt_dicts(), state.settings.server, started=started)
+        batch = prepare_batch(engine, seen.inp, seen.prompts, state.settings.server, started=started)
+    batch.client_request_id = seen.request_id
     return JSONResponse(await run_batch(engine, batch))

@@ -12,6 +12,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from kiln.api.errors import parse_body
 from kiln.api.routers.metrics import counting_refusals
+from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import ServerState, get_state
 from kiln.api.wire.chat import PREFIX, ChatCompletionRequest
 from kiln.engine.chat_request import prepare_chat
@@ -39,10 +40,12 @@ def response_headers(state: ServerState) -> dict[str, str]:
 async def chat_completions(request: Request):
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started):
+    with counting_refusals(state, started), recording_refusals(state, request, started, "chat") as seen:
         req = await parse_body(request, ChatCompletionRequest, code=CODE, prefix=PREFIX)
+        seen.inp = req.to_input()
         engine = state.require_engine()
-        prep = prepare_chat(engine, req.to_input(), state.settings.server, started=started)
+        prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+    prep.client_request_id = seen.request_id
     if req.stream:
         return EventSourceResponse(stream_chat(engine, prep), ping=15, sep="\n", headers=response_headers(state))
     return JSONResponse(await complete_chat(engine, prep), headers=response_headers(state))

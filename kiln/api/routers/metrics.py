@@ -42,6 +42,9 @@ REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 240, 300, 42
 PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 STATUSES = ("ok", "error", "timeout", "rejected")
+# Adapter label values of kiln_requests_finished_total: "base", a saved adapter's name, "composition"
+# for any `adapters` mix; past this many distinct names the rest count as "other" (bounded cardinality).
+MAX_ADAPTER_LABELS = 32
 
 
 class KilnMetrics:
@@ -79,10 +82,19 @@ class KilnMetrics:
                                         "Effective finite thinking-time limits.", buckets=REQUEST_BUCKETS, registry=r)
         self.stream_stalls = Counter("kiln_stream_stalls", "Streamed inter-token gaps longer than "
                                      "server.stream_stall_grace_ms.", registry=r)
+        self.finished_requests = Counter(
+            "kiln_requests_finished", "Finished chat and batch requests by kind, finish reason and adapter.",
+            ["kind", "finish_reason", "adapter"], registry=r)
+        self.prompt_tokens = Histogram("kiln_request_prompt_tokens", "Prompt tokens of each finished request.",
+                                       buckets=TOKEN_BUCKETS, registry=r)
+        self.generation_tokens = Histogram("kiln_request_generation_tokens",
+                                           "Completion tokens of each finished request.", buckets=TOKEN_BUCKETS,
+                                           registry=r)
         self.state = state
         r.register(_EngineCollector(state))
         self._in_flight = 0
         self._peak = 0
+        self._adapter_labels: set[str] = set()
 
     # ---- request lifecycle (kiln.engine.serving.CompletionObserver, through ServerState) ------------
     def completion_started(self) -> None:
@@ -147,6 +159,24 @@ class KilnMetrics:
             self.budget_outcomes.labels(outcome=outcome_label({**record, **(outcome or {})})).inc()
 
 
+    def observe_record(self, rec: Any) -> None:
+        """A finished request's record (kiln.engine.records.CompletionRecord): the recorder's listener."""
+        self.finished_requests.labels(kind=rec.kind, finish_reason=rec.finish_reason,
+                                      adapter=self._adapter_label(rec)).inc()
+        self.prompt_tokens.observe(rec.prompt_tokens)
+        self.generation_tokens.observe(rec.completion_tokens)
+
+    def _adapter_label(self, rec: Any) -> str:
+        if len(rec.adapters) > 1 or (rec.adapters and rec.adapters[0].get("scale", 1.0) != 1.0):
+            return "composition"
+        name = rec.adapters[0]["name"] if rec.adapters else "base"
+        if name not in self._adapter_labels:
+            if len(self._adapter_labels) >= MAX_ADAPTER_LABELS:
+                return "other"
+            self._adapter_labels.add(name)
+        return name
+
+
 @contextlib.contextmanager
 def counting_refusals(state: ServerState, started: float) -> Iterator[None]:
     """A request refused before the engine took it (bad body, model loading, a rule the served model
@@ -168,6 +198,7 @@ class _EngineCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Any]:
+        yield from _service_metrics(self.state)
         engine = self.state.engine
         if engine is None:
             return
@@ -195,6 +226,35 @@ class _EngineCollector(Collector):
         yield _gauge("kiln_vram_kv_cache_bytes", "Bytes of the KV-cache pool.", st.memory.kv_cache_bytes)
         yield _gauge("kiln_active_adapter", "1 when a saved adapter is active, else 0.",
                      1 if self.state.services.active_adapter_name() else 0)
+        snap = engine.decode_stats()
+        yield _gauge("kiln_decode_tokens_per_second", "Decode throughput over the rolling window.", snap.tok_per_sec)
+        yield _gauge("kiln_decode_itl_mean_seconds", "Mean inter-token latency over the rolling window.",
+                     snap.mean_itl_ms / 1000.0)
+        yield _gauge("kiln_decode_itl_p50_seconds", "Median inter-token latency over the rolling window.",
+                     snap.p50_itl_ms / 1000.0)
+        yield _gauge("kiln_decode_itl_p99_seconds", "p99 inter-token latency over the rolling window.",
+                     snap.p99_itl_ms / 1000.0)
+        yield _gauge("kiln_decode_itl_samples", "Inter-token gaps in the rolling window.", snap.sample_count)
+        yield _gauge("kiln_decode_window_seconds", "Length of the decode-stats rolling window.", snap.window_secs)
+
+
+def _service_metrics(state: ServerState) -> Iterator[Any]:
+    recorder = state.services.recorder
+    if recorder is not None:
+        yield _gauge("kiln_recent_requests", "Requests held by the recent-request ring.", len(recorder.ring))
+        rlog = recorder.request_log
+        if rlog is not None:
+            yield _counter("kiln_request_log_rows_written", "Rows the request log wrote.", rlog.stats.written)
+            yield _counter("kiln_request_log_rows_dropped", "Rows the request log dropped (queue full or closed).",
+                           rlog.stats.dropped)
+            yield _counter("kiln_request_log_write_errors", "Rows or flushes the disk refused.", rlog.stats.errors)
+            yield _gauge("kiln_request_log_queued_rows", "Rows waiting for the request-log writer.", rlog.queued)
+    corrections = state.services.corrections
+    if corrections is not None:
+        family = GaugeMetricFamily("kiln_corrections", "Stored corrections by state.", labels=["state"])
+        for st, n in corrections.counts().items():
+            family.add_metric([st], n)
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
