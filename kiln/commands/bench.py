@@ -21,7 +21,7 @@ def register(sub) -> None:
         "training (the learning loop, training tokens/s, ITL while training).",
     )
     p.add_argument("--model", help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--quick", action="store_true", help="fewer tokens and requests (about two minutes)")
+    p.add_argument("--quick", action="store_true", help="fewer tokens and requests (a few minutes per engine)")
     p.add_argument("--skip-reference", action="store_true", help="measure Kiln only")
     p.add_argument("--llama-server", metavar="PATH", help="llama-server binary for the CPU's own ISA (default: "
                    "$KILN_LLAMA_SERVER, llama-server on PATH, or the build script's cache)")
