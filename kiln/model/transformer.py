@@ -21,6 +21,7 @@ from kiln.model.dense_tiles import dense_linear
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import KERNEL_DTYPES, BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.lora import MODULES as LORA_MODULES
+from kiln.model.precision import compute_dtype, widened_linear
 from kiln.model.quant import PackedWeight, quant_linear
 from kiln.model.rope import RotaryTables, apply_rope
 
@@ -30,6 +31,10 @@ class Linear(nn.Linear):
 
     def reset_parameters(self) -> None:
         pass
+
+    def forward(self, x: Tensor) -> Tensor:
+        # float32 activations over bfloat16 weights: the dense path on a CPU without bf16 dot products
+        return widened_linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Embedding):
@@ -44,7 +49,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, weight, self.eps)
 
     def fast(self, x: Tensor) -> Tensor:
         """The serving path's norm of flat tokens `[T, n]`: one C++ call when the kernels are built."""
@@ -299,6 +305,18 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.rotary.cos.dtype
 
+    @property
+    def dense_dtype(self) -> torch.dtype:
+        """What the dense (autograd) path computes in: float32 over bfloat16 weights on a CPU without
+        bf16 dot products, where torch would emulate them (kiln/model/precision.py), else `dtype`."""
+        return compute_dtype(self.dtype, self.device)
+
+    def embed_dense(self, input_ids: Tensor) -> Tensor:
+        """The dense path's input embeddings, in `dense_dtype`."""
+        h = self.model.embed_tokens(input_ids)
+        dtype = self.dense_dtype
+        return h if h.dtype == dtype else h.to(dtype)
+
     def _tie(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -416,7 +434,7 @@ class Transformer(nn.Module):
             # the diagonal stays visible so padded query rows never see an all-masked row (NaN)
             mask = (causal[None] & am[:, None, :]) | torch.eye(t, dtype=torch.bool, device=input_ids.device)
             mask = mask[:, None]
-        h = self.model.embed_tokens(input_ids)
+        h = self.embed_dense(input_ids)
         for layer in self.model.layers:
             h = layer.forward_dense(h, cos, sin, mask, lora)
         return self.compute_logits(self.model.norm(h))

@@ -38,7 +38,7 @@ def final_hidden(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tens
         # the diagonal stays visible so padded query rows never see an all-masked row (NaN)
         mask = (causal[None] & am[:, None, :]) | torch.eye(t, dtype=torch.bool, device=input_ids.device)
         mask = mask[:, None]
-    h = model.model.embed_tokens(input_ids)
+    h = model.embed_dense(input_ids)   # float32 where the CPU would emulate bfloat16 matmuls
     recompute = checkpoint_layers and torch.is_grad_enabled()
     for layer in model.model.layers:
         if recompute:

@@ -1,0 +1,97 @@
+"""Which dtype torch's own matmuls run in: the model's, or float32 where half precision is emulated.
+
+A bfloat16 model serves through Kiln's kernels on every AVX2 CPU (kiln/model/dense_tiles.py, the decode
+stack), but training, prompt scoring and every other `forward_dense` run torch's ops on the same
+weights. torch multiplies bfloat16 at the hardware's speed only with bf16 dot products (AVX512-BF16,
+AMX); without them its oneDNN/MKL paths emulate it, measured 10x slower than float32 on a 2-core Zen 4
+forced to AVX2 (SFT of the bench's learning loop: 1.2 vs 13.6 trained tok/s). There the dense path
+widens each weight to float32 where it is used (`widened_linear`) and keeps its activations in float32:
+the conversion reads 2 bytes a weight once per projection, next to a training matmul's hundreds of
+multiply-adds per weight. The serving path keeps the bfloat16 kernels, which widen in registers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kiln.model import kernels
+
+# CPU flags (Linux names) of hardware dot products torch's CPU matmuls use for each half type
+_NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+# oneDNN caps (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) that still allow bf16 dot products
+_ONEDNN_BF16_CAPS = ("ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                     "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2")
+
+
+@functools.cache
+def _torch_capability() -> str:
+    """ATen's vector ISA ("AVX512", "AVX2", ...; ATEN_CPU_CAPABILITY lowers it), read once."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability()).upper()
+    except (AttributeError, RuntimeError):
+        return ""
+
+
+def _onednn_capped() -> bool:
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        cap = os.environ.get(var, "").strip().upper()
+        if cap and cap not in _ONEDNN_BF16_CAPS:
+            return True
+    return False
+
+
+def native_half(dtype: torch.dtype) -> bool:
+    """Whether torch's CPU matmuls in `dtype` (bfloat16 or float16) use hardware dot products here: the
+    CPU has them, and neither Kiln's ISA (KILN_CPU_ISA=avx2 stands in for an AVX2-only CPU) nor torch's
+    (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) is held below AVX-512."""
+    flags = kernels.cpu_flags()
+    if not any(flag in flags for flag in _NATIVE_FLAGS.get(dtype, ())):
+        return False
+    if kernels.active_isa() != "avx512" or _onednn_capped():
+        return False
+    return _torch_capability().startswith("AVX512")
+
+
+def native_bf16() -> bool:
+    """`native_half(torch.bfloat16)`."""
+    return native_half(torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
+    """The dtype torch's matmuls over weights of `dtype` should run in on `device`: float32 for a
+    half-precision type the CPU would only emulate, else `dtype` itself."""
+    if dtype in _NATIVE_FLAGS and torch.device(device).type == "cpu" and not native_half(dtype):
+        return torch.float32
+    return dtype
+
+
+class _WidenedLinear(torch.autograd.Function):
+    """`x @ W.T + b` with a frozen half-precision W widened to x's dtype, in forward and again in
+    backward: autograd keeps the half-precision weight (a reference), never a float32 copy of it, so
+    a long training forward holds no extra weights."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(weight)
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (weight,) = ctx.saved_tensors
+        return grad @ weight.to(grad.dtype), None, None
+
+
+def widened_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`F.linear(x, weight, bias)` computed in x's dtype when the weight is stored narrower."""
+    if x.dtype == weight.dtype:
+        return F.linear(x, weight, bias)
+    trains_weight = weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and x.requires_grad and not trains_weight:
+        return _WidenedLinear.apply(x, weight, bias)
+    # no autograd through x (inference), or a trained weight: the cast is part of the graph
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))

@@ -1,0 +1,154 @@
+"""Where the CPU has no bf16 dot products, torch's own matmuls never run in (emulated) bfloat16: the
+dense path (training forward and backward, scoring, the LM head, LoRA) computes in float32 over the
+bfloat16 weights, while serving keeps the bfloat16 kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kiln.model import kernels, precision
+from kiln.model.kv_cache import KVCache, build_attention_metadata
+from kiln.model.loader import load_model
+from kiln.train.forward import final_hidden, selected_logprobs
+from kiln.train.trainable_lora import TrainableLora, freeze_base
+
+AVX2_ONLY = frozenset({"sse2", "avx", "avx2", "fma", "f16c"})
+ZEN4 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"}
+aten = torch.ops.aten
+MATMULS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.linear,
+           aten._scaled_dot_product_flash_attention_for_cpu}
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """The dtypes of every tensor that reaches a matmul (forward and backward) inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in MATMULS:
+            self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def avx2_cpu(monkeypatch: pytest.MonkeyPatch):
+    """An AVX2-only CPU (the Zen 2/3 case), whatever machine runs the test."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: AVX2_ONLY)
+    with kernels.using_isa("avx2"):
+        yield
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch: pytest.MonkeyPatch):
+    """A Zen 4 with AVX512-BF16 running Kiln and torch at AVX-512."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ZEN4)
+    monkeypatch.setattr(precision, "_torch_capability", lambda: "AVX512")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    with kernels.using_isa("avx512"):
+        yield
+
+
+@pytest.fixture
+def bf16_model(tiny):
+    model, _ = load_model(str(tiny.path), dtype="bfloat16")
+    freeze_base(model)
+    return model
+
+
+def test_an_avx2_cpu_has_no_native_bf16_and_computes_bfloat16_weights_in_float32(avx2_cpu) -> None:
+    assert not precision.native_bf16()
+    assert precision.compute_dtype(torch.bfloat16) == torch.float32
+    assert precision.compute_dtype(torch.float32) == torch.float32
+
+
+def test_a_cpu_with_avx512_bf16_keeps_bfloat16(bf16_cpu) -> None:
+    assert precision.native_bf16()
+    assert precision.compute_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def test_forcing_kiln_to_avx2_stands_for_an_avx2_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ZEN4)
+    monkeypatch.setattr(precision, "_torch_capability", lambda: "AVX512")
+    with kernels.using_isa("avx2"):
+        assert not precision.native_bf16()
+
+
+@pytest.mark.parametrize("cap", ["AVX2", "AVX512_CORE"])
+def test_onednn_held_below_bf16_means_no_native_bf16(bf16_cpu, monkeypatch: pytest.MonkeyPatch, cap: str) -> None:
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert not precision.native_bf16()
+
+
+def test_torch_forced_to_avx2_means_no_native_bf16(bf16_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "_torch_capability", lambda: "AVX2")
+    assert not precision.native_bf16()
+
+
+def test_no_bfloat16_matmul_runs_in_a_training_step_on_an_avx2_cpu(avx2_cpu, bf16_model) -> None:
+    lora = TrainableLora(bf16_model.config, 4, 8, seed=0)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    with MatmulDtypes() as seen:
+        logp = selected_logprobs(bf16_model, ids, attention, attention[:, 1:].float(), lora)
+        logp.sum().backward()
+    assert seen.dtypes == {torch.float32}
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in lora.parameters())
+
+
+def test_no_bfloat16_matmul_runs_in_scoring_on_an_avx2_cpu(avx2_cpu, bf16_model) -> None:
+    with MatmulDtypes() as seen, torch.inference_mode():
+        logits = bf16_model.forward_dense(torch.tensor([[3, 4, 5, 6, 7]]))
+    assert seen.dtypes == {torch.float32} and logits.dtype == torch.float32
+
+
+def test_checkpointed_layers_also_recompute_in_float32(avx2_cpu, bf16_model) -> None:
+    lora = TrainableLora(bf16_model.config, 4, 8, seed=0)
+    with MatmulDtypes() as seen:
+        final_hidden(bf16_model, torch.tensor([[5, 6, 7, 8]]), None, lora, checkpoint_layers=True).sum().backward()
+    assert seen.dtypes == {torch.float32}
+
+
+def test_the_dense_path_stays_bfloat16_where_the_cpu_has_bf16_dot_products(bf16_cpu, bf16_model) -> None:
+    assert bf16_model.dense_dtype == torch.bfloat16
+    with MatmulDtypes() as seen, torch.inference_mode():
+        bf16_model.forward_dense(torch.tensor([[3, 4, 5, 6, 7]]))
+    assert torch.bfloat16 in seen.dtypes
+
+
+def test_float32_compute_matches_a_float32_copy_of_the_same_weights(avx2_cpu, bf16_model, tiny) -> None:
+    """Widening each weight where it is used is the float32 model with the bfloat16-rounded weights."""
+    f32, _ = load_model(str(tiny.path), dtype="float32")
+    f32.load_state_dict_hf({k: v.float() for k, v in bf16_model.state_dict().items()})
+    f32.rotary.cos, f32.rotary.sin_signed = bf16_model.rotary.cos.float(), bf16_model.rotary.sin_signed.float()
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.inference_mode():
+        torch.testing.assert_close(bf16_model.forward_dense(ids), f32.forward_dense(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_widened_linear_keeps_no_float32_copy_of_the_weight_for_backward() -> None:
+    weight = torch.randn(24, 16).bfloat16()
+    x = torch.randn(3, 16, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = precision.widened_linear(x, weight, None)
+    assert y.dtype == torch.float32 and all(t.dtype == torch.bfloat16 for t in saved)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    torch.testing.assert_close(x.grad, grad @ weight.float())
+
+
+def test_serving_keeps_its_bfloat16_kernels_on_an_avx2_cpu(avx2_cpu, bf16_model) -> None:
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    cache = KVCache(bf16_model.config, num_blocks=8, block_size=4, dtype=torch.bfloat16, device="cpu")
+    meta, positions = build_attention_metadata([([0, 1], 0, 6)], 4, "cpu")
+    with MatmulDtypes() as seen:
+        hidden = bf16_model(torch.tensor([3, 4, 5, 6, 7, 8]), torch.tensor(positions), meta, cache)
+        bf16_model.compute_logits(hidden, packed_ok=True)
+    assert hidden.dtype == torch.bfloat16
+    assert torch.bfloat16 not in seen.dtypes   # the projections ran in the C++ dense kernel
