@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from kiln.model.config import ModelConfig
+from kiln.train import forward
 from kiln.train.batch import collate, per_target, target_logprobs
-from kiln.train.forward import final_hidden
+from kiln.train.forward import checkpointed_layers, final_hidden, saved_bytes_per_token
 from kiln.train.masks import MaskedSequence
 from kiln.train.trainable_lora import TrainableLora
 
@@ -33,6 +35,36 @@ def test_checkpointed_layers_give_the_same_gradients(tiny_model):
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     grads = []
     for checkpointed in (True, False):
+        lora = lora_with_weights(tiny_model)
+        final_hidden(tiny_model, ids, None, lora, checkpoint_layers=checkpointed).square().sum().backward()
+        grads.append([p.grad.clone() for p in lora.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_small_batches_keep_every_layer_and_big_ones_recompute_only_what_the_budget_requires(tiny_model):
+    cfg = tiny_model.config
+    per_token = saved_bytes_per_token(cfg)
+    layers = cfg.num_hidden_layers
+    assert checkpointed_layers(cfg, 100, budget=100 * per_token * layers) == 0
+    assert checkpointed_layers(cfg, 100, budget=100 * per_token * (layers - 1)) == 1
+    assert checkpointed_layers(cfg, 100, budget=100 * per_token - 1) == layers
+    assert checkpointed_layers(cfg, 10**9) == layers
+
+
+def test_the_learning_loops_batch_of_smollm2_fits_the_default_budget():
+    smollm2 = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64)
+    assert checkpointed_layers(smollm2, 4 * 56) == 0        # 4 rows of ~55 tokens: no recompute
+    assert 0 < checkpointed_layers(smollm2, 4 * 512) < 30   # 4 rows of 512: some layers recompute
+
+
+def test_a_partly_checkpointed_forward_gives_the_same_gradients(tiny_model, monkeypatch):
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    # room for one layer's activations: the first layer is recomputed, the second kept
+    monkeypatch.setattr(forward, "ACTIVATION_BUDGET_BYTES", ids.numel() * saved_bytes_per_token(tiny_model.config))
+    assert checkpointed_layers(tiny_model.config, ids.numel()) == tiny_model.config.num_hidden_layers - 1
+    grads = []
+    for checkpointed in (None, False):
         lora = lora_with_weights(tiny_model)
         final_hidden(tiny_model, ids, None, lora, checkpoint_layers=checkpointed).square().sum().backward()
         grads.append([p.grad.clone() for p in lora.parameters()])
