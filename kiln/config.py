@@ -93,6 +93,11 @@ class TrainingSettings:
     max_tracked_jobs: int = 256
     # Receives every job's terminal state (semantics.md §12.2); a job's own webhook_url overrides it.
     webhook_url: str | None = None
+    # Save a running job's factors, optimizer and data position every N optimizer steps (0: only at a
+    # graceful shutdown); a request's config.checkpoint_interval overrides it.
+    checkpoint_every_steps: int = 20
+    # At start, resume every interrupted job (else each waits for POST /v1/train/jobs/{id}/resume).
+    auto_resume: bool = False
 
 
 @dataclass
@@ -269,6 +274,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
     if s.engine.prefill_cost_with_decodes < 0:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
+    if s.training.checkpoint_every_steps < 0:
+        raise ConfigError("training.checkpoint_every_steps must be >= 0 (0: checkpoint only at shutdown)")
     if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:
         raise ConfigError("engine.block_size, max_batch_tokens and max_num_seqs must be positive")
     if s.stats.recent_requests < 1 or s.stats.preview_chars < 0 or not s.stats.decode_window_secs > 0:

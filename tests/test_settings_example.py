@@ -319,6 +319,8 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("request_log", "compress"): (False, lambda s, t: _request_log(s, "compress")),
     ("request_log", "max_capture_bytes"): (1000, lambda s, t: _request_log(s, "max_row_bytes")),
     ("request_log", "queue_rows"): (8, lambda s, t: _request_log(s, "queue_rows")),
+    ("training", "checkpoint_every_steps"): (5, lambda s, t: _training(s).checkpoint_every),
+    ("training", "auto_resume"): (True, lambda s, t: _training(s).auto_resume),
 }
 
 

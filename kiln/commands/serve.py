@@ -121,6 +121,11 @@ def _run(args) -> int:
         try:
             state.engine = build_engine(settings)
             state.attach_adapters()
+            s = state.services
+            if s.training is not None and s.training.auto_resume:
+                from kiln.train.submission import resume_interrupted
+
+                resume_interrupted(s.training, state.engine, s.adapter_store, s.datasets, s.eval_suites)
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"
