@@ -109,6 +109,9 @@ def _run(args) -> int:
 
     state = ServerState(settings=settings)
     app = create_app(settings, state)
+    from kiln.api.lifecycle import startup_sweep
+
+    _, live_locks = startup_sweep(state)  # noqa: F841 - held (shared) while the server lives
     try:
         for line in import_lora_modules(ensure_adapters(state), settings.model.lora_modules):
             logging.getLogger("kiln").info("%s", line)

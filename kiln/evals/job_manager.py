@@ -56,6 +56,10 @@ class EvalJobManager:
         # Called on the event loop with every job that reaches a terminal state (post-training gates).
         self.listeners: list[Callable[[EvalJob], None]] = []
 
+    def sweep(self) -> list[str]:
+        """Startup sweep of the job archives (temp files of interrupted writes)."""
+        return self.store.sweep()
+
     # -- startup ------------------------------------------------------------------------------------
     def load_archived(self) -> int:
         for job in self.store.load_all(keep=self.max_tracked_jobs):
