@@ -39,6 +39,11 @@ class ServerSettings:
     # (vLLM gates runtime loading the same way, with VLLM_ALLOW_RUNTIME_LORA_UPDATING). Off: only the
     # stored adapter's own folder is accepted.
     allow_external_lora_paths: bool = False
+    # API keys, comma-separated (--api-key, KILN_SERVER_API_KEYS); with any set (here or in the file)
+    # every call but /health (and /metrics, unless protect_metrics) needs `Authorization: Bearer KEY`.
+    api_keys: str | None = None
+    api_key_file: str | None = None       # one key per line; '#' comments
+    protect_metrics: bool = False
 
 
 @dataclass

@@ -269,6 +269,27 @@ def _lora_modules(s: Settings) -> str:
         return repr(import_lora_modules(ensure_adapters(_state(s)), s.model.lora_modules))
     except KilnError as e:
         return e.code
+def _keys(s: Settings) -> list[str] | str:
+    from kiln.api.auth import load_api_keys
+    from kiln.config import ConfigError
+
+    try:
+        return load_api_keys(s)
+    except ConfigError as e:
+        return str(e)
+
+
+def _metrics_status(s: Settings) -> int:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kiln.api.auth import install_auth
+
+    s.server.api_keys, s.server.api_key_file = "k", None
+    app = FastAPI()
+    app.get("/metrics")(lambda: {})
+    install_auth(app, s)
+    return TestClient(app).get("/metrics").status_code
 
 
 # (section, key) -> (another value, probe(settings, tiny model dir) -> what the setting changes)
@@ -289,6 +310,9 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("server", "access_log"): (False, lambda s, t: _access_log(s)),
     ("server", "allow_external_lora_paths"): (True, lambda s, t: _outside_lora_path(s)),
     ("model", "lora_modules"): (["x=/no/such/adapter"], lambda s, t: _lora_modules(s)),
+    ("server", "api_keys"): ("sk-other", lambda s, t: _keys(s)),
+    ("server", "api_key_file"): ("/nonexistent/keys", lambda s, t: _keys(s)),
+    ("server", "protect_metrics"): (True, lambda s, t: _metrics_status(s)),
     ("model", "path"): ("/models/elsewhere", lambda s, t: _model_path(s)),
     ("model", "served_model_id"): ("another-id", lambda s, t: _served_id(s)),
     ("model", "dtype"): ("float16", lambda s, t: _dtype(s)),

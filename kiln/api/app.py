@@ -7,6 +7,7 @@ import importlib
 from fastapi import FastAPI
 
 from kiln import __version__
+from kiln.api.auth import install_auth
 from kiln.api.errors import install_error_handlers
 from kiln.api.openapi import install_openapi
 from kiln.api.request_log import RequestIdMiddleware
@@ -40,6 +41,7 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app = FastAPI(title="Kiln", version=__version__, description="Serve a model; make it better while it serves.")
     app.state.kiln = state or ServerState(settings=settings)
     install_error_handlers(app)
+    install_auth(app, settings)
     for name in ROUTER_MODULES:
         module = importlib.import_module(name)
         init = getattr(module, "init", None)

@@ -52,6 +52,13 @@ def register(sub) -> None:
                       help="text lines, or one JSON object per line (default text); both carry the request id")
     logs.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
                       help="one line per request: status, duration, tokens, TTFT, adapter, finish (default on)")
+    access = p.add_argument_group("access")
+    access.add_argument("--api-key", action="append", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every call but /health (repeat for several keys; "
+                        "also KILN_SERVER_API_KEYS, comma-separated)")
+    access.add_argument("--api-key-file", metavar="PATH", help="file with one API key per line ('#' comments)")
+    access.add_argument("--protect-metrics", action="store_true", default=None,
+                        help="with API keys set, /metrics needs a key too")
     p.set_defaults(func=_run)
 
 
@@ -69,6 +76,8 @@ def _overrides(args) -> dict[str, dict]:
         ("engine", "max_batch_tokens"): args.max_batch_tokens,
         ("engine", "enable_prefix_caching"): args.enable_prefix_caching,
         ("engine", "num_threads"): args.num_threads,
+        ("server", "api_keys"): ",".join(args.api_key) if args.api_key else None,
+        ("server", "api_key_file"): args.api_key_file, ("server", "protect_metrics"): args.protect_metrics,
     }
     out: dict[str, dict] = {}
     for (section, key), value in pairs.items():
@@ -85,6 +94,19 @@ def uvicorn_config(settings, app):
     return uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                           log_level=settings.server.log_level, timeout_graceful_shutdown=5,
                           log_config=None, access_log=False)
+
+
+def _warn_if_exposed(settings) -> None:
+    from kiln.api.auth import is_loopback, load_api_keys
+
+    keys = load_api_keys(settings)
+    log = logging.getLogger("kiln")
+    if keys:
+        log.info("API keys: %d configured; every call but /health%s needs 'Authorization: Bearer KEY'", len(keys),
+                 "" if settings.server.protect_metrics else " and /metrics")
+    elif not is_loopback(settings.server.host):
+        log.warning("binding %s without an API key: anyone who can reach this port can use the model, train and "
+                    "delete adapters; pass --api-key KEY (or set KILN_SERVER_API_KEYS)", settings.server.host)
 
 
 def _run(args) -> int:
@@ -108,7 +130,12 @@ def _run(args) -> int:
     from kiln.engine.serving import build_engine
 
     state = ServerState(settings=settings)
-    app = create_app(settings, state)
+    try:
+        app = create_app(settings, state)
+    except ConfigError as e:
+        print(f"kiln serve: configuration error: {e}", file=sys.stderr)
+        return 2
+    _warn_if_exposed(settings)
     from kiln.api.lifecycle import startup_sweep
 
     _, live_locks = startup_sweep(state)  # noqa: F841 - held (shared) while the server lives
