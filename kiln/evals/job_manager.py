@@ -99,6 +99,9 @@ class EvalJobManager:
                             hint="Delete finished jobs with DELETE /v1/eval/jobs/{id}.", headers=RETRY_AFTER)
         self._sequence += 1
         job.sequence = self._sequence
+        # Written before the id is answered: an acknowledged job survives a crash (it comes back failed,
+        # "interrupted", rather than vanishing).
+        self.store.save(job)
         self.jobs[job.job_id] = job
         self._queue.append(job.job_id)
         if self._wake is not None:
