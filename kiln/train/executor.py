@@ -68,6 +68,7 @@ class Checkpointing:
     store: CheckpointStore
     every_steps: int = 0                           # 0: only when pausing
     should_pause: Callable[[], bool] = lambda: False
+    saved: Callable[[], None] = lambda: None       # after each checkpoint: persist the job record now
 
 
 def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Callable[[], None],
@@ -118,7 +119,7 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
         progress = {key: getattr(job, key) for key in PROGRESS_FIELDS}
         checkpointing.store.save_state(job.job_id, TrainState(state, lora.state_dict(), progress))
         job.checkpoint = {"step": state.step, "saved_at": utc_now_rfc3339()}
-        on_update()
+        checkpointing.saved()
 
     run_loop(model, lora, plan.work, plan.loop, on_step=step_done, should_stop=should_stop,
              resume=resume.loop if resume is not None else None,

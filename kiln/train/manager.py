@@ -349,7 +349,7 @@ class TrainingManager:
         extra: dict[str, Any] = {}
         if self.checkpoints is not None:
             extra["checkpointing"] = Checkpointing(self.checkpoints, self._checkpoint_every(plan),
-                                                   lambda: self._pausing)
+                                                   lambda: self._pausing, lambda: self.store.save(job))
         try:
             self.run(job, plan, self.context(), on_update=on_update, should_stop=lambda: job.cancel_requested,
                      **extra)
