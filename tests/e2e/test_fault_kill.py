@@ -47,32 +47,34 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_write(tiny_model_dir, t
     env = {"KILN_TRAINING_MAX_QUEUED_JOBS": "2", "KILN_EVAL_MAX_QUEUED_JOBS": "4"}
     data_dir = tmp_path / "data"
     server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny", env=env)
-    for round_ in range(KILLS):
-        with httpx.Client(base_url=server.url, timeout=30) as setup:
-            for d in stores:
-                d.setup(setup)
-        stop = threading.Event()
-        clients = [httpx.Client(base_url=server.url, timeout=30) for _ in stores]
-        threads = [threading.Thread(target=writer, args=(d, c, stop, round_, attempts), daemon=True)
-                   for d, c in zip(stores, clients, strict=True)]
-        for t in threads:
-            t.start()
-        time.sleep(rnd.uniform(0.5, 2.5))
-        server.proc.send_signal(signal.SIGKILL)
-        server.proc.wait(timeout=30)
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-        for c in clients:
-            c.close()
+    try:
+        for round_ in range(KILLS):
+            with httpx.Client(base_url=server.url, timeout=30) as setup:
+                for d in stores:
+                    d.setup(setup)
+            stop = threading.Event()
+            clients = [httpx.Client(base_url=server.url, timeout=30) for _ in stores]
+            threads = [threading.Thread(target=writer, args=(d, c, stop, round_, attempts), daemon=True)
+                       for d, c in zip(stores, clients, strict=True)]
+            for t in threads:
+                t.start()
+            time.sleep(rnd.uniform(0.5, 2.5))
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(timeout=30)
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+            for c in clients:
+                c.close()
 
-        server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny", env=env)
-        leftovers = scratch_left(data_dir)
-        assert leftovers == [], f"after kill {round_ + 1} the sweep left {leftovers}\n{server.log()[-3000:]}"
-        with httpx.Client(base_url=server.url, timeout=60) as check:
-            problems = [p for d in stores for p in d.check(check)]
-        assert problems == [], f"after kill {round_ + 1}: {problems}"
-    stop_server(server)
+            server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny", env=env)
+            leftovers = scratch_left(data_dir)
+            assert leftovers == [], f"after kill {round_ + 1} the sweep left {leftovers}\n{server.log()[-3000:]}"
+            with httpx.Client(base_url=server.url, timeout=60) as check:
+                problems = [p for d in stores for p in d.check(check)]
+            assert problems == [], f"after kill {round_ + 1}: {problems}"
+    finally:
+        stop_server(server)
 
     figures = {"kills": KILLS, "attempted": attempts, "acknowledged": {d.name: len(d.acked) for d in stores},
                "lost": 0}
