@@ -44,6 +44,9 @@ class ServerSettings:
     api_keys: str | None = None
     api_key_file: str | None = None       # one key per line; '#' comments
     protect_metrics: bool = False
+    # On SIGTERM: refuse new requests (503), let running ones (streams) finish for up to this long, then
+    # checkpoint training, run the shutdown hooks (the request log's flush) and exit 0.
+    shutdown_timeout_secs: float = 30.0
 
 
 @dataclass
@@ -279,6 +282,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
     if s.engine.prefill_cost_with_decodes < 0:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
+    if s.server.shutdown_timeout_secs < 0:
+        raise ConfigError("server.shutdown_timeout_secs must be >= 0")
     if s.training.checkpoint_every_steps < 0:
         raise ConfigError("training.checkpoint_every_steps must be >= 0 (0: checkpoint only at shutdown)")
     if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:

@@ -313,6 +313,7 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("server", "api_keys"): ("sk-other", lambda s, t: _keys(s)),
     ("server", "api_key_file"): ("/nonexistent/keys", lambda s, t: _keys(s)),
     ("server", "protect_metrics"): (True, lambda s, t: _metrics_status(s)),
+    ("server", "shutdown_timeout_secs"): (5.0, lambda s, t: _state(s).lifecycle.timeout),
     ("model", "path"): ("/models/elsewhere", lambda s, t: _model_path(s)),
     ("model", "served_model_id"): ("another-id", lambda s, t: _served_id(s)),
     ("model", "dtype"): ("float16", lambda s, t: _dtype(s)),

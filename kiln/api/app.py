@@ -11,6 +11,7 @@ from kiln.api.auth import install_auth
 from kiln.api.errors import install_error_handlers
 from kiln.api.openapi import install_openapi
 from kiln.api.request_log import RequestIdMiddleware
+from kiln.api.shutdown import DrainMiddleware
 from kiln.api.state import ServerState
 from kiln.config import Settings
 
@@ -50,4 +51,6 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         app.include_router(module.router)
     install_openapi(app)
     app.add_middleware(RequestIdMiddleware, access_log=settings.server.access_log)
+    # Outermost: while draining, even a request without a key gets the 503 (and the counts stay exact).
+    app.add_middleware(DrainMiddleware, lifecycle=app.state.kiln.lifecycle)
     return app

@@ -132,6 +132,10 @@ def ensure_training(state: ServerState) -> TrainingManager:
         manager.load_archived()
         if eval_jobs is not None:
             eval_jobs.listeners.append(manager.on_eval_finished)
+        # Shutdown: the running job stops at its next batch boundary (checkpointed, interrupted) as soon
+        # as draining starts; the hook waits for that.
+        state.lifecycle.on_drain.append(manager.request_pause)
+        state.lifecycle.add_shutdown_hook("training", manager.pause_for_shutdown)
         state.services.training = manager
     return state.services.training
 

@@ -9,6 +9,7 @@ from fastapi import Request
 
 from kiln.api.request_log import note_request
 from kiln.api.services import Services
+from kiln.api.shutdown import Lifecycle
 from kiln.config import Settings
 from kiln.errors import model_loading
 
@@ -24,6 +25,8 @@ class ServerState:
         self.load_error: str | None = None
         # Stores and job managers (kiln.api.services), built by the routers' `init` in dependency order.
         self.services = Services()
+        # Requests in flight, draining, and the shutdown hooks (kiln/api/shutdown.py).
+        self.lifecycle = Lifecycle(settings.server.shutdown_timeout_secs)
         self._engine: Engine | None = None
         self.engine = engine
 

@@ -109,6 +109,39 @@ def _warn_if_exposed(settings) -> None:
                     "delete adapters; pass --api-key KEY (or set KILN_SERVER_API_KEYS)", settings.server.host)
 
 
+def _server_class(uvicorn):
+    class KilnServer(uvicorn.Server):
+        """uvicorn, but SIGTERM/SIGINT first drain (kiln/api/shutdown.py) and then exit 0; a second one
+        exits at once."""
+
+        def __init__(self, config, state) -> None:
+            super().__init__(config)
+            self.kiln_state = state
+            self._signalled = False
+
+        def handle_exit(self, sig, frame) -> None:
+            # Not recorded in _captured_signals: uvicorn re-raises those after serving, and a re-raised
+            # SIGTERM would end the process by the signal instead of with exit code 0.
+            if self._signalled or self.kiln_state.engine is None:
+                self.should_exit = True
+                if self._signalled:
+                    self.force_exit = True
+                return
+            self._signalled = True
+            threading.Thread(target=self._drain, name="kiln-shutdown", daemon=True).start()
+
+        def _drain(self) -> None:
+            lifecycle = self.kiln_state.lifecycle
+            logging.getLogger("kiln").info("shutdown requested: no new requests; draining for up to %.0fs",
+                                           lifecycle.timeout)
+            try:
+                lifecycle.drain()
+            finally:
+                self.should_exit = True
+
+    return KilnServer
+
+
 def _run(args) -> int:
     try:
         settings = load_settings(args.config, _overrides(args))
@@ -145,7 +178,7 @@ def _run(args) -> int:
     except KilnError as e:
         print(f"kiln serve: --lora-modules: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 2
-    server = uvicorn.Server(uvicorn_config(settings, app))
+    server = _server_class(uvicorn)(uvicorn_config(settings, app), state)
 
     def load() -> None:
         try:
@@ -175,4 +208,5 @@ def _run(args) -> int:
         recorder.close()  # the request log writes what is queued
     if state.engine is not None:
         state.engine.shutdown()
+    logging.getLogger("kiln").info("kiln serve stopped")
     return 1 if state.load_error else 0

@@ -52,6 +52,7 @@ log = logging.getLogger("kiln.train")
 RETRY_AFTER = {"Retry-After": "30"}
 SAVE_INTERVAL = 1.0
 RECENT_COMPLETED = 20
+MIN_PAUSE_SECS = 30.0
 
 
 class TrainingManager:
@@ -101,6 +102,12 @@ class TrainingManager:
             self._closed = True
             self._cond.notify_all()
 
+    def request_pause(self) -> None:
+        """Take no more jobs; the running one stops (checkpointed) at its next batch boundary."""
+        with self._cond:
+            self._closed, self._pausing = True, True
+            self._cond.notify_all()
+
     def pause(self, timeout: float) -> str | None:
         """Shutdown: take no more jobs, stop the running one at its next batch boundary after a checkpoint
         (it becomes `interrupted`), wait up to `timeout` seconds. Queued jobs stay queued on disk and come
@@ -118,6 +125,14 @@ class TrainingManager:
     def sweep(self) -> list[str]:
         """Startup sweep of the job records and the checkpoints."""
         return self.store.sweep() + (self.checkpoints.sweep() if self.checkpoints is not None else [])
+
+    def pause_for_shutdown(self, seconds_left: float) -> None:
+        """The shutdown hook: wait for the running job's checkpoint, at least MIN_PAUSE_SECS even when
+        draining requests took the rest of the deadline (a step must not be cut off mid-write)."""
+        still = self.pause(max(seconds_left, MIN_PAUSE_SECS))
+        if still is not None:
+            log.warning("training job %s did not reach a batch boundary in time; it continues from its last "
+                        "checkpoint after a restart", still)
 
     def interrupted_jobs(self) -> list[TrainJob]:
         with self._cond:
