@@ -81,6 +81,11 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     # Torch intra-op threads; 0 keeps torch's default.
     num_threads: int = 0
+    # Bounded admission: past these, chat, batch and scoring answer 429 with Retry-After before queueing
+    # anything. A request waits until its first token (or its score). 0 = sized from the engine:
+    # min(1024, 16 x max_num_seqs) requests; 4 x the KV pool's tokens (at least max_model_len).
+    max_waiting_requests: int = 0
+    max_queued_prompt_tokens: int = 0
 
 
 @dataclass
@@ -282,6 +287,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
     if s.engine.prefill_cost_with_decodes < 0:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
+    if s.engine.max_waiting_requests < 0 or s.engine.max_queued_prompt_tokens < 0:
+        raise ConfigError("engine.max_waiting_requests and max_queued_prompt_tokens must be >= 0 (0: sized "
+                          "from the engine)")
     if s.server.shutdown_timeout_secs < 0:
         raise ConfigError("server.shutdown_timeout_secs must be >= 0")
     if s.training.checkpoint_every_steps < 0:

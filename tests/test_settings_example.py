@@ -269,6 +269,14 @@ def _lora_modules(s: Settings) -> str:
         return repr(import_lora_modules(ensure_adapters(_state(s)), s.model.lora_modules))
     except KilnError as e:
         return e.code
+
+
+def _gate(s: Settings):
+    from kiln.engine.serving import admission_gate
+
+    return admission_gate(s, kv_pool_tokens=4096, max_model_len=256)
+
+
 def _keys(s: Settings) -> list[str] | str:
     from kiln.api.auth import load_api_keys
     from kiln.config import ConfigError
@@ -327,6 +335,8 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("engine", "prefill_cost_with_decodes"): (0, lambda s, t: _effective(s, t)["engine"]["prefill_cost_with_decodes"]),
     ("engine", "enable_prefix_caching"): (False, lambda s, t: _effective(s, t)["engine"]["enable_prefix_caching"]),
     ("engine", "num_threads"): (3, lambda s, t: _threads(s)),
+    ("engine", "max_waiting_requests"): (10, lambda s, t: _gate(s).max_waiting_requests),
+    ("engine", "max_queued_prompt_tokens"): (100, lambda s, t: _gate(s).max_queued_tokens),
     ("data", "data_dir"): ("./elsewhere", lambda s, t: _datasets_root(s)),
     ("data", "adapter_dir"): ("./my-adapters", lambda s, t: _adapters_root(s)),
     ("eval", "max_queued_jobs"): (3, lambda s, t: _eval_jobs(s).max_queued_jobs),
