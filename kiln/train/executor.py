@@ -96,6 +96,10 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
                 setattr(job, key, resume.progress[key])
         job.resumed_from_step = resume.loop.step
         log.info("training job %s continues from its checkpoint at step %d", job.job_id, resume.loop.step)
+    elif job.step or job.loss_curve:
+        # A resumed job with no checkpoint yet starts over: forget the lost run's progress.
+        job.step, job.epoch, job.progress, job.tokens_trained, job.loss_curve = 0, 0, 0.0, 0, []
+        job.current_loss, job.metrics = None, {}
     job.total_steps = plan.loop.total_steps(len(plan.work.items))
     memory = PeakTracker()
     job.memory = {"rss_start_mb": round(memory.start_mb, 1), "rss_peak_mb": round(memory.start_mb, 1),

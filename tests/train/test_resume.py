@@ -116,3 +116,13 @@ def test_an_unreadable_checkpoint_means_starting_over_not_failing(env, tmp_path)
     (ckpts.dir(plan.job_id) / "state.pt").write_bytes(b"not a checkpoint")
     job = run(plan, engine, store, checkpointing=Checkpointing(ckpts, 0))
     assert job.resumed_from_step is None and job.step == job.total_steps and store.exists("torn")
+
+
+def test_a_resumed_job_without_a_checkpoint_starts_over_and_forgets_the_lost_progress(env):
+    engine, store, ckpts = env
+    plan = make_plan("sft", "again", engine, store)
+    job = TrainJob(plan.job_id, plan.job_type, plan.adapter_name, plan.config, plan.data.provenance(), utc_now_rfc3339(),
+                   step=3, tokens_trained=99, loss_curve=[{"step": s, "loss": 1.0} for s in (1, 2, 3)])
+    run(plan, engine, store, job, checkpointing=Checkpointing(ckpts, 0))
+    assert job.step == job.total_steps == len(job.loss_curve)
+    assert [p["step"] for p in job.loss_curve] == list(range(1, job.total_steps + 1))
