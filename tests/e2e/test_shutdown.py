@@ -1,6 +1,7 @@
 """Graceful shutdown (issue 19.3) on a real `kiln serve`: SIGTERM stops admitting (503 + Retry-After),
 a running stream finishes whole, a running training job is checkpointed and left interrupted, the
-shutdown hooks run, and the process exits 0; restarted, the job resumes from its checkpoint."""
+shutdown hooks run, and the process exits 0; restarted with auto_resume, the job continues from its
+checkpoint by itself."""
 
 from __future__ import annotations
 
@@ -76,12 +77,20 @@ def test_sigterm_drains_streams_checkpoints_training_and_exits_zero(tiny_model_d
     log = server.log()
     assert "shutdown hook training done" in log
 
-    again = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny")
+    # Restarted with [training] auto_resume, the job continues from its checkpoint by itself.
+    again = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny",
+                         env={"KILN_TRAINING_AUTO_RESUME": "true"})
     try:
-        job = httpx.get(f"{again.base_url}/train/jobs/{job_id}").json()
-        assert job["state"] == "interrupted" and job["checkpoint"]["step"] == job["step"] >= 3
-        r = httpx.post(f"{again.base_url}/train/jobs/{job_id}/resume", timeout=60)
-        assert r.status_code == 200 and r.json()["resume_from_step"] == job["step"]
+        deadline = time.monotonic() + 60
+        while (job := httpx.get(f"{again.base_url}/train/jobs/{job_id}").json()).get("resumes", 0) == 0:
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+        assert job["state"] in ("queued", "running")
+        while job.get("resumed_from_step") is None:
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+            job = httpx.get(f"{again.base_url}/train/jobs/{job_id}").json()
+        assert job["resumed_from_step"] == job["checkpoint"]["step"] >= 3
         httpx.delete(f"{again.base_url}/train/jobs/{job_id}", timeout=30)
     finally:
         again.proc.kill()
