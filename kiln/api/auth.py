@@ -5,9 +5,9 @@ and `[server] api_key_file` (one key per line; blank lines and `#` comments skip
 the server is open, as before.
 
 Default deny: every path needs a key except `/health` (probes), `/metrics` (unless
-`[server] protect_metrics`), the dashboard's static files under `/ui` (the page must load to ask for
-a key; its API calls under `/ui/api/` and every `/v1/*` and `/compat/*` call still need one) and the
-OpenAPI description. A refusal is 401 in the error envelope with code `invalid_api_key` and
+`[server] protect_metrics`), `/` (a redirect) and the dashboard's static files under `/ui` (the page
+must load to ask for a key; its API calls under `/ui/api/` and every `/v1/*` and `/compat/*` call
+still need one) and the OpenAPI description. A refusal is 401 in the error envelope with code `invalid_api_key` and
 `WWW-Authenticate: Bearer`. Keys are compared in constant time (over their SHA-256, so not even the
 length leaks) against every configured key, and never logged or echoed; `/v1/config` shows only
 how many there are.
@@ -25,7 +25,7 @@ from typing import Any
 from kiln.config import ConfigError, Settings
 from kiln.errors import KilnError
 
-OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico"})
+OPEN_PATHS = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico"})
 UI_PREFIX, UI_API_PREFIX = "/ui", "/ui/api"
 
 

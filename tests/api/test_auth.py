@@ -72,6 +72,14 @@ def test_the_dashboards_static_files_stay_open_so_the_page_can_ask_for_a_key():
     assert mw.needs_key("/v1/chat/completions") and mw.needs_key("/compat/ollama/api/chat")
 
 
+def test_the_dashboard_page_loads_without_a_key_but_its_api_calls_need_one(tmp_path):
+    c = make_client(tmp_path, api_keys=KEY)
+    assert c.get("/", follow_redirects=False).status_code in (302, 307)
+    assert c.get("/ui/index.html").status_code == 200 and c.get("/ui/api.js").status_code == 200
+    assert c.get("/ui/api/info").status_code == 401
+    assert c.get("/ui/api/info", headers=bearer(KEY)).status_code == 200
+
+
 def test_the_effective_config_shows_how_many_keys_not_the_keys(tmp_path):
     c = make_client(tmp_path, api_keys=f"{KEY},{OTHER}")
     r = c.get("/v1/config", headers=bearer(KEY))
