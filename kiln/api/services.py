@@ -157,6 +157,9 @@ def ensure_recorder(state: ServerState) -> CompletionRecorder:
         ring = RecentRequests(settings.stats.recent_requests, preview_chars=settings.stats.preview_chars)
         s.recorder = CompletionRecorder(ring, request_log,
                                         listeners=[s.metrics.observe_record] if s.metrics is not None else [])
+        # Graceful shutdown: once requests drained, what they queued for the request log is written.
+        recorder = s.recorder
+        state.lifecycle.add_shutdown_hook("request_log", lambda seconds_left: recorder.flush(max(seconds_left, 10.0)))
     return s.recorder
 
 

@@ -42,10 +42,10 @@ def writer(driver, client: httpx.Client, stop: threading.Event, kill_round: int,
 
 def test_sigkill_at_random_moments_loses_no_acknowledged_write(tiny_model_dir, tmp_path):
     rnd = random.Random(int(os.environ.get("KILN_FAULT_SEED", "19")))
-    stores = drivers(tiny_model_dir)
-    attempts: dict[str, int] = {}
-    env = {"KILN_TRAINING_MAX_QUEUED_JOBS": "2", "KILN_EVAL_MAX_QUEUED_JOBS": "4"}
     data_dir = tmp_path / "data"
+    stores = drivers(tiny_model_dir, data_dir)
+    attempts: dict[str, int] = {}
+    env = {"KILN_TRAINING_MAX_QUEUED_JOBS": "2", "KILN_EVAL_MAX_QUEUED_JOBS": "4", "KILN_REQUEST_LOG_ENABLED": "true"}
     server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny", env=env)
     try:
         for round_ in range(KILLS):
@@ -77,7 +77,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_write(tiny_model_dir, t
         stop_server(server)
 
     figures = {"kills": KILLS, "attempted": attempts, "acknowledged": {d.name: len(d.acked) for d in stores},
-               "lost": 0}
+               "lost": 0, "request_log_rows_of_answered_chats": getattr(stores[-1], "found", None)}
     print("fault test:", json.dumps(figures))
     if os.environ.get("KILN_FAULT_REPORT"):
         with open(os.environ["KILN_FAULT_REPORT"], "w") as f:

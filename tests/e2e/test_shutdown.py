@@ -75,7 +75,7 @@ def test_sigterm_drains_streams_checkpoints_training_and_exits_zero(tiny_model_d
     finals = [json.loads(c) for c in out["chunks"][:-1] if json.loads(c).get("choices")]
     assert finals[-1]["choices"][0]["finish_reason"] == "length"
     log = server.log()
-    assert "shutdown hook training done" in log
+    assert "shutdown hook training done" in log and "shutdown hook request_log done" in log
 
     # Restarted with [training] auto_resume, the job continues from its checkpoint by itself.
     again = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny",
