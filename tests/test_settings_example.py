@@ -239,7 +239,7 @@ def _decode_window(s: Settings) -> float:
 
 
 def _log_formatter(s: Settings) -> str:
-    from kiln.api.request_log import formatter_for
+    from kiln.api.access_log import formatter_for
 
     return type(formatter_for(s.server.log_format)).__name__
 

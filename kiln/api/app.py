@@ -7,10 +7,10 @@ import importlib
 from fastapi import FastAPI
 
 from kiln import __version__
+from kiln.api.access_log import RequestIdMiddleware
 from kiln.api.auth import install_auth
 from kiln.api.errors import install_error_handlers
 from kiln.api.openapi import install_openapi
-from kiln.api.request_log import RequestIdMiddleware
 from kiln.api.shutdown import DrainMiddleware
 from kiln.api.state import ServerState
 from kiln.config import Settings

@@ -151,7 +151,7 @@ def _run(args) -> int:
     if args.model_positional and args.model and args.model_positional != args.model:
         print("kiln serve: give the model once, as MODEL or --model", file=sys.stderr)
         return 2
-    from kiln.api.request_log import configure_logging
+    from kiln.api.access_log import configure_logging
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     import uvicorn
