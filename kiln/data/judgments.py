@@ -24,7 +24,7 @@ from kiln.store.atomic import append_jsonl, atomic_write_bytes, atomic_write_jso
 from kiln.store.clock import utc_now_rfc3339
 from kiln.store.locks import resource_lock
 from kiln.store.names import name_problem
-from kiln.store.sweep import sweep_temp_files
+from kiln.store.sweep import sweep_named_folders
 
 log = logging.getLogger("kiln.data")
 
@@ -55,20 +55,7 @@ class JudgmentStore:
 
     def sweep(self) -> list[str]:
         """Startup sweep: scratch copies of names no live writer holds, and temp files of in-place rewrites."""
-        done: list[str] = []
-        if not self.root.is_dir():
-            return done
-        for name in sorted(dirswap.scratch_names(self.root)):
-            with resource_lock(self.root, name, blocking=False) as held:
-                if held:
-                    done += dirswap.recover(self.root, name)
-        done += sweep_temp_files(self.root)
-        for entry in sorted(os.listdir(self.root)):
-            if not entry.startswith(".") and (self.root / entry).is_dir():
-                with resource_lock(self.root, entry, blocking=False) as held:
-                    if held:
-                        done += sweep_temp_files(self.root / entry)
-        return done
+        return sweep_named_folders(self.root)
 
     def _lock(self, name: str, *, shared: bool = False):
         if not self.root.is_dir():

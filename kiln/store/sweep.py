@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from kiln.store.locks import LOCK_DIR
+from kiln.store import dirswap
+from kiln.store.locks import LOCK_DIR, resource_lock
 
 log = logging.getLogger("kiln.store")
 
@@ -57,6 +58,25 @@ def sweep_temp_files(folder: Path) -> list[str]:
         if is_atomic_temp(entry) and path.is_file():
             path.unlink(missing_ok=True)
             done.append(f"removed {path}")
+    return done
+
+
+def sweep_named_folders(root: Path) -> list[str]:
+    """The sweep of a store of named folders replaced through `dirswap` (datasets, judgments): settle the
+    scratch copies of names no live writer holds, then stray temp files at the root and in each folder."""
+    done: list[str] = []
+    if not root.is_dir():
+        return done
+    for name in sorted(dirswap.scratch_names(root)):
+        with resource_lock(root, name, blocking=False) as held:
+            if held:
+                done += dirswap.recover(root, name)
+    done += sweep_temp_files(root)
+    for entry in sorted(os.listdir(root)):
+        if not entry.startswith(".") and (root / entry).is_dir():
+            with resource_lock(root, entry, blocking=False) as held:
+                if held:
+                    done += sweep_temp_files(root / entry)
     return done
 
 
