@@ -39,6 +39,14 @@ class ServerSettings:
     # (vLLM gates runtime loading the same way, with VLLM_ALLOW_RUNTIME_LORA_UPDATING). Off: only the
     # stored adapter's own folder is accepted.
     allow_external_lora_paths: bool = False
+    # API keys, comma-separated (--api-key, KILN_SERVER_API_KEYS); with any set (here or in the file)
+    # every call but /health (and /metrics, unless protect_metrics) needs `Authorization: Bearer KEY`.
+    api_keys: str | None = None
+    api_key_file: str | None = None       # one key per line; '#' comments
+    protect_metrics: bool = False
+    # On SIGTERM: refuse new requests (503), let running ones (streams) finish for up to this long, then
+    # checkpoint training, run the shutdown hooks (the request log's flush) and exit 0.
+    shutdown_timeout_secs: float = 30.0
 
 
 @dataclass
@@ -76,6 +84,11 @@ class EngineSettings:
     # The C++ kernels' instruction set: auto (KILN_CPU_ISA if set, else the CPU's best) | avx512 | avx2
     # | scalar. Naming one the CPU lacks is an error.
     cpu_isa: str = "auto"
+    # Bounded admission: past these, chat, batch and scoring answer 429 with Retry-After before queueing
+    # anything. A request waits until its first token (or its score). 0 = sized from the engine:
+    # min(1024, 16 x max_num_seqs) requests; 4 x the KV pool's tokens (at least max_model_len).
+    max_waiting_requests: int = 0
+    max_queued_prompt_tokens: int = 0
 
 
 @dataclass
@@ -96,6 +109,11 @@ class TrainingSettings:
     max_tracked_jobs: int = 256
     # Receives every job's terminal state (semantics.md §12.2); a job's own webhook_url overrides it.
     webhook_url: str | None = None
+    # Save a running job's factors, optimizer and data position every N optimizer steps (0: only at a
+    # graceful shutdown); a request's config.checkpoint_interval overrides it.
+    checkpoint_every_steps: int = 20
+    # At start, resume every interrupted job (else each waits for POST /v1/train/jobs/{id}/resume).
+    auto_resume: bool = False
 
 
 @dataclass
@@ -272,6 +290,13 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
     if s.engine.prefill_cost_with_decodes < 0:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
+    if s.engine.max_waiting_requests < 0 or s.engine.max_queued_prompt_tokens < 0:
+        raise ConfigError("engine.max_waiting_requests and max_queued_prompt_tokens must be >= 0 (0: sized "
+                          "from the engine)")
+    if s.server.shutdown_timeout_secs < 0:
+        raise ConfigError("server.shutdown_timeout_secs must be >= 0")
+    if s.training.checkpoint_every_steps < 0:
+        raise ConfigError("training.checkpoint_every_steps must be >= 0 (0: checkpoint only at shutdown)")
     if s.engine.block_size <= 0 or s.engine.max_batch_tokens <= 0 or s.engine.max_num_seqs <= 0:
         raise ConfigError("engine.block_size, max_batch_tokens and max_num_seqs must be positive")
     if s.stats.recent_requests < 1 or s.stats.preview_chars < 0 or not s.stats.decode_window_secs > 0:

@@ -246,7 +246,7 @@ def _decode_window(s: Settings) -> float:
 
 
 def _log_formatter(s: Settings) -> str:
-    from kiln.api.request_log import formatter_for
+    from kiln.api.access_log import formatter_for
 
     return type(formatter_for(s.server.log_format)).__name__
 
@@ -278,6 +278,35 @@ def _lora_modules(s: Settings) -> str:
         return e.code
 
 
+def _gate(s: Settings):
+    from kiln.engine.serving import admission_gate
+
+    return admission_gate(s, kv_pool_tokens=4096, max_model_len=256)
+
+
+def _keys(s: Settings) -> list[str] | str:
+    from kiln.api.auth import load_api_keys
+    from kiln.config import ConfigError
+
+    try:
+        return load_api_keys(s)
+    except ConfigError as e:
+        return str(e)
+
+
+def _metrics_status(s: Settings) -> int:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kiln.api.auth import install_auth
+
+    s.server.api_keys, s.server.api_key_file = "k", None
+    app = FastAPI()
+    app.get("/metrics")(lambda: {})
+    install_auth(app, s)
+    return TestClient(app).get("/metrics").status_code
+
+
 # (section, key) -> (another value, probe(settings, tiny model dir) -> what the setting changes)
 OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("server", "host"): ("0.0.0.0", lambda s, t: _uvicorn(s).host),
@@ -296,6 +325,10 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("server", "access_log"): (False, lambda s, t: _access_log(s)),
     ("server", "allow_external_lora_paths"): (True, lambda s, t: _outside_lora_path(s)),
     ("model", "lora_modules"): (["x=/no/such/adapter"], lambda s, t: _lora_modules(s)),
+    ("server", "api_keys"): ("sk-other", lambda s, t: _keys(s)),
+    ("server", "api_key_file"): ("/nonexistent/keys", lambda s, t: _keys(s)),
+    ("server", "protect_metrics"): (True, lambda s, t: _metrics_status(s)),
+    ("server", "shutdown_timeout_secs"): (5.0, lambda s, t: _state(s).lifecycle.timeout),
     ("model", "path"): ("/models/elsewhere", lambda s, t: _model_path(s)),
     ("model", "served_model_id"): ("another-id", lambda s, t: _served_id(s)),
     ("model", "dtype"): ("float16", lambda s, t: _dtype(s)),
@@ -310,6 +343,8 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("engine", "enable_prefix_caching"): (False, lambda s, t: _effective(s, t)["engine"]["enable_prefix_caching"]),
     ("engine", "num_threads"): (3, lambda s, t: _threads(s)),
     ("engine", "cpu_isa"): ("scalar", lambda s, t: _cpu_isa(s)),
+    ("engine", "max_waiting_requests"): (10, lambda s, t: _gate(s).max_waiting_requests),
+    ("engine", "max_queued_prompt_tokens"): (100, lambda s, t: _gate(s).max_queued_tokens),
     ("data", "data_dir"): ("./elsewhere", lambda s, t: _datasets_root(s)),
     ("data", "adapter_dir"): ("./my-adapters", lambda s, t: _adapters_root(s)),
     ("eval", "max_queued_jobs"): (3, lambda s, t: _eval_jobs(s).max_queued_jobs),
@@ -327,6 +362,8 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("request_log", "compress"): (False, lambda s, t: _request_log(s, "compress")),
     ("request_log", "max_capture_bytes"): (1000, lambda s, t: _request_log(s, "max_row_bytes")),
     ("request_log", "queue_rows"): (8, lambda s, t: _request_log(s, "queue_rows")),
+    ("training", "checkpoint_every_steps"): (5, lambda s, t: _training(s).checkpoint_every),
+    ("training", "auto_resume"): (True, lambda s, t: _training(s).auto_resume),
 }
 
 

@@ -9,30 +9,15 @@ name with the same content is kept as it is; one with other content is a 409, ne
 from __future__ import annotations
 
 import io
-import os
-import stat
-import tarfile
 from pathlib import Path
 
 from kiln.adapters.identity import compute_content_hash
 from kiln.adapters.peft_format import CONFIG_FILE, WEIGHTS_FILE
 from kiln.adapters.store import AdapterInfo, AdapterStore
 from kiln.errors import KilnError
+from kiln.store.folder_archive import pack_folder
 
 IMPORT_CODE = "adapter_import_invalid"
-
-
-def pack_folder(path: Path) -> bytes:
-    """tar.gz of a folder's regular files (flat); symlinks and special files are skipped."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for dirpath, _, filenames in os.walk(path):
-            for fname in sorted(filenames):
-                full = Path(dirpath, fname)
-                if not stat.S_ISREG(full.lstat().st_mode):
-                    continue
-                tar.add(full, arcname=full.relative_to(path).as_posix(), recursive=False)
-    return buf.getvalue()
 
 
 def import_adapter_folder(store: AdapterStore, name: str, path: str | Path, *, param: str = "lora_path"

@@ -2,7 +2,9 @@
 
 Writers build an adapter in a hidden staging dir inside the adapter dir (same filesystem), fsync every
 file, then rename the folder into place: a reader sees the whole adapter or none of it. Hidden
-entries (".tmp-*", ".trash-*", ".composed", ".eval", ...) are never listed.
+entries (".tmp-*", ".trash-*", ".old-*", ".composed", ".eval", ...) are never listed. Replacing an
+adapter moves the old folder to ".old-<hex>-<name>" first: should a kill land between the two renames,
+the startup sweep (`sweep`) puts it back; every other scratch entry is deleted.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ from kiln.adapters.peft_format import (
 )
 from kiln.errors import KilnError
 from kiln.store.atomic import atomic_write_json, fsync_path
-from kiln.store.names import validate_name
+from kiln.store.names import name_problem, validate_name
+from kiln.store.sweep import remove_path
 
 NAME_CODE = "invalid_adapter_name"
 STALE_STAGING_SECS = 6 * 3600
+SCRATCH = (".tmp-", ".trash-", ".old-")
 
 
 @dataclass
@@ -162,7 +166,7 @@ class AdapterStore:
             return 0
         for dirpath, dirnames, filenames in os.walk(self.root):
             if Path(dirpath) == self.root:
-                dirnames[:] = [d for d in dirnames if not d.startswith((".tmp-", ".trash-"))]
+                dirnames[:] = [d for d in dirnames if not d.startswith(SCRATCH)]
             for f in filenames:
                 with suppress(FileNotFoundError):
                     total += os.lstat(os.path.join(dirpath, f)).st_size
@@ -291,7 +295,7 @@ class AdapterStore:
             if dest.exists():
                 if not overwrite:
                     raise _exists(name)
-                trash = self.root / f".trash-{uuid.uuid4().hex}"
+                trash = self.root / f".old-{uuid.uuid4().hex}-{name}"
                 os.rename(dest, trash)
             try:
                 os.rename(staged, dest)
@@ -312,6 +316,29 @@ class AdapterStore:
         for entry in os.scandir(self.root):
             if entry.name.startswith((".tmp-", ".trash-")) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
                 shutil.rmtree(entry.path, ignore_errors=True)
+
+    def sweep(self) -> list[str]:
+        """Startup sweep: every staging and trash folder goes; an old copy whose adapter is missing (a
+        replace killed between its renames) is put back, any other old copy goes."""
+        done: list[str] = []
+        if not self.root.is_dir():
+            return done
+        with self._lock:
+            for entry in sorted(os.listdir(self.root)):
+                path = self.root / entry
+                if entry.startswith(".old-"):
+                    name = entry[len(".old-") + 33:]
+                    dest = self.root / name
+                    if len(entry) > len(".old-") + 33 and name_problem(name) is None and not dest.exists():
+                        os.rename(path, dest)
+                        fsync_path(self.root)
+                        self._hashes.forget(dest)
+                        done.append(f"restored {dest} from {entry}")
+                        continue
+                if entry.startswith(SCRATCH):
+                    remove_path(path)
+                    done.append(f"removed {path}")
+        return done
 
 
 def _exists(name: str) -> KilnError:

@@ -7,9 +7,11 @@ import importlib
 from fastapi import FastAPI
 
 from kiln import __version__
+from kiln.api.access_log import RequestIdMiddleware
+from kiln.api.auth import install_auth
 from kiln.api.errors import install_error_handlers
 from kiln.api.openapi import install_openapi
-from kiln.api.request_log import RequestIdMiddleware
+from kiln.api.shutdown import DrainMiddleware
 from kiln.api.state import ServerState
 from kiln.config import Settings
 
@@ -40,6 +42,7 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app = FastAPI(title="Kiln", version=__version__, description="Serve a model; make it better while it serves.")
     app.state.kiln = state or ServerState(settings=settings)
     install_error_handlers(app)
+    install_auth(app, settings)
     for name in ROUTER_MODULES:
         module = importlib.import_module(name)
         init = getattr(module, "init", None)
@@ -48,4 +51,6 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         app.include_router(module.router)
     install_openapi(app)
     app.add_middleware(RequestIdMiddleware, access_log=settings.server.access_log)
+    # Outermost: while draining, even a request without a key gets the 503 (and the counts stay exact).
+    app.add_middleware(DrainMiddleware, lifecycle=app.state.kiln.lifecycle)
     return app

@@ -113,6 +113,7 @@ def ensure_eval_jobs(state: ServerState) -> EvalJobManager:
 
 def ensure_training(state: ServerState) -> TrainingManager:
     """After the eval jobs when those exist: post-training gates queue eval jobs and wait for their end."""
+    from kiln.train.checkpoint import CheckpointStore, checkpoint_root
     from kiln.train.eval_link import EvalLink
     from kiln.train.job_store import TrainJobStore, job_root
     from kiln.train.manager import TrainingManager
@@ -124,10 +125,17 @@ def ensure_training(state: ServerState) -> TrainingManager:
         manager = TrainingManager(TrainJobStore(job_root(state.settings.data.data_dir)), _job_context(state),
                                   max_queued_jobs=training.max_queued_jobs, max_tracked_jobs=training.max_tracked_jobs,
                                   webhook_url=training.webhook_url,
-                                  eval_link=EvalLink(eval_jobs) if eval_jobs is not None else None)
+                                  eval_link=EvalLink(eval_jobs) if eval_jobs is not None else None,
+                                  checkpoints=CheckpointStore(checkpoint_root(state.settings.data.data_dir)),
+                                  checkpoint_every=training.checkpoint_every_steps,
+                                  auto_resume=training.auto_resume)
         manager.load_archived()
         if eval_jobs is not None:
             eval_jobs.listeners.append(manager.on_eval_finished)
+        # Shutdown: the running job stops at its next batch boundary (checkpointed, interrupted) as soon
+        # as draining starts; the hook waits for that.
+        state.lifecycle.on_drain.append(manager.request_pause)
+        state.lifecycle.add_shutdown_hook("training", manager.pause_for_shutdown)
         state.services.training = manager
     return state.services.training
 
@@ -149,6 +157,9 @@ def ensure_recorder(state: ServerState) -> CompletionRecorder:
         ring = RecentRequests(settings.stats.recent_requests, preview_chars=settings.stats.preview_chars)
         s.recorder = CompletionRecorder(ring, request_log,
                                         listeners=[s.metrics.observe_record] if s.metrics is not None else [])
+        # Graceful shutdown: once requests drained, what they queued for the request log is written.
+        recorder = s.recorder
+        state.lifecycle.add_shutdown_hook("request_log", lambda seconds_left: recorder.flush(max(seconds_left, 10.0)))
     return s.recorder
 
 

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
-from kiln.api.request_log import note_request
+from kiln.api.access_log import note_request
 from kiln.api.services import Services
+from kiln.api.shutdown import Lifecycle
 from kiln.config import Settings
 from kiln.errors import model_loading
 
@@ -24,6 +25,8 @@ class ServerState:
         self.load_error: str | None = None
         # Stores and job managers (kiln.api.services), built by the routers' `init` in dependency order.
         self.services = Services()
+        # Requests in flight, draining, and the shutdown hooks (kiln/api/shutdown.py).
+        self.lifecycle = Lifecycle(settings.server.shutdown_timeout_secs)
         self._engine: Engine | None = None
         self.engine = engine
 
@@ -64,7 +67,7 @@ class ServerState:
             rec = record_from_finished(done)
             if rec is not None:
                 self.services.recorder.finished(rec)
-        # the request's access line (kiln.api.request_log): what was generated, for whom, how fast
+        # the request's access line (kiln.api.access_log): what was generated, for whom, how fast
         ttft = done.timeline.ttft_ms() if done.timeline is not None else None
         note_request(model=done.model, adapter=done.adapter, prompt_tokens=done.prompt_tokens,
                      completion_tokens=sum(len(o.token_ids) for o in done.outputs),

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import stat
 import sys
 import tarfile
 from pathlib import Path
@@ -14,6 +12,7 @@ from urllib.parse import quote
 import httpx
 
 from kiln.commands.client import ServerClient, ServerError, add_url_argument, printed_json, run_client_command
+from kiln.store.folder_archive import pack_folder
 
 
 def register(sub) -> None:
@@ -78,23 +77,10 @@ def _unload(client: ServerClient, args) -> int:
     return 0
 
 
-def pack_dir(path: Path) -> bytes:
-    """tar.gz of a folder's regular files, flat (the server also accepts one top-level folder)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for dirpath, _, filenames in os.walk(path):
-            for fname in sorted(filenames):
-                full = Path(dirpath, fname)
-                if not stat.S_ISREG(full.lstat().st_mode):
-                    continue
-                tar.add(full, arcname=full.relative_to(path).as_posix(), recursive=False)
-    return buf.getvalue()
-
-
 def _upload(client: ServerClient, args) -> int:
     path = Path(args.path)
     if path.is_dir():
-        payload = pack_dir(path)
+        payload = pack_folder(path)
     elif path.is_file():
         payload = path.read_bytes()
     else:

@@ -52,6 +52,13 @@ def register(sub) -> None:
                       help="text lines, or one JSON object per line (default text); both carry the request id")
     logs.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
                       help="one line per request: status, duration, tokens, TTFT, adapter, finish (default on)")
+    access = p.add_argument_group("access")
+    access.add_argument("--api-key", action="append", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every call but /health (repeat for several keys; "
+                        "also KILN_SERVER_API_KEYS, comma-separated)")
+    access.add_argument("--api-key-file", metavar="PATH", help="file with one API key per line ('#' comments)")
+    access.add_argument("--protect-metrics", action="store_true", default=None,
+                        help="with API keys set, /metrics needs a key too")
     p.set_defaults(func=_run)
 
 
@@ -69,6 +76,8 @@ def _overrides(args) -> dict[str, dict]:
         ("engine", "max_batch_tokens"): args.max_batch_tokens,
         ("engine", "enable_prefix_caching"): args.enable_prefix_caching,
         ("engine", "num_threads"): args.num_threads,
+        ("server", "api_keys"): ",".join(args.api_key) if args.api_key else None,
+        ("server", "api_key_file"): args.api_key_file, ("server", "protect_metrics"): args.protect_metrics,
     }
     out: dict[str, dict] = {}
     for (section, key), value in pairs.items():
@@ -87,6 +96,52 @@ def uvicorn_config(settings, app):
                           log_config=None, access_log=False)
 
 
+def _warn_if_exposed(settings) -> None:
+    from kiln.api.auth import is_loopback, load_api_keys
+
+    keys = load_api_keys(settings)
+    log = logging.getLogger("kiln")
+    if keys:
+        log.info("API keys: %d configured; every call but /health%s needs 'Authorization: Bearer KEY'", len(keys),
+                 "" if settings.server.protect_metrics else " and /metrics")
+    elif not is_loopback(settings.server.host):
+        log.warning("binding %s without an API key: anyone who can reach this port can use the model, train and "
+                    "delete adapters; pass --api-key KEY (or set KILN_SERVER_API_KEYS)", settings.server.host)
+
+
+def _server_class(uvicorn):
+    class KilnServer(uvicorn.Server):
+        """uvicorn, but SIGTERM/SIGINT first drain (kiln/api/shutdown.py) and then exit 0; a second one
+        exits at once."""
+
+        def __init__(self, config, state) -> None:
+            super().__init__(config)
+            self.kiln_state = state
+            self._signalled = False
+
+        def handle_exit(self, sig, frame) -> None:
+            # Not recorded in _captured_signals: uvicorn re-raises those after serving, and a re-raised
+            # SIGTERM would end the process by the signal instead of with exit code 0.
+            if self._signalled or self.kiln_state.engine is None:
+                self.should_exit = True
+                if self._signalled:
+                    self.force_exit = True
+                return
+            self._signalled = True
+            threading.Thread(target=self._drain, name="kiln-shutdown", daemon=True).start()
+
+        def _drain(self) -> None:
+            lifecycle = self.kiln_state.lifecycle
+            logging.getLogger("kiln").info("shutdown requested: no new requests; draining for up to %.0fs",
+                                           lifecycle.timeout)
+            try:
+                lifecycle.drain()
+            finally:
+                self.should_exit = True
+
+    return KilnServer
+
+
 def _run(args) -> int:
     try:
         settings = load_settings(args.config, _overrides(args))
@@ -96,7 +151,7 @@ def _run(args) -> int:
     if args.model_positional and args.model and args.model_positional != args.model:
         print("kiln serve: give the model once, as MODEL or --model", file=sys.stderr)
         return 2
-    from kiln.api.request_log import configure_logging
+    from kiln.api.access_log import configure_logging
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     import uvicorn
@@ -108,19 +163,32 @@ def _run(args) -> int:
     from kiln.engine.serving import build_engine
 
     state = ServerState(settings=settings)
-    app = create_app(settings, state)
+    try:
+        app = create_app(settings, state)
+    except ConfigError as e:
+        print(f"kiln serve: configuration error: {e}", file=sys.stderr)
+        return 2
+    _warn_if_exposed(settings)
+    from kiln.api.lifecycle import startup_sweep
+
+    _, live_locks = startup_sweep(state)  # noqa: F841 - held (shared) while the server lives
     try:
         for line in import_lora_modules(ensure_adapters(state), settings.model.lora_modules):
             logging.getLogger("kiln").info("%s", line)
     except KilnError as e:
         print(f"kiln serve: --lora-modules: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 2
-    server = uvicorn.Server(uvicorn_config(settings, app))
+    server = _server_class(uvicorn)(uvicorn_config(settings, app), state)
 
     def load() -> None:
         try:
             state.engine = build_engine(settings)
             state.attach_adapters()
+            s = state.services
+            if s.training is not None and s.training.auto_resume:
+                from kiln.train.submission import resume_interrupted
+
+                resume_interrupted(s.training, state.engine, s.adapter_store, s.datasets, s.eval_suites)
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"
@@ -140,4 +208,5 @@ def _run(args) -> int:
         recorder.close()  # the request log writes what is queued
     if state.engine is not None:
         state.engine.shutdown()
+    logging.getLogger("kiln").info("kiln serve stopped")
     return 1 if state.load_error else 0

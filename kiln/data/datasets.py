@@ -29,6 +29,7 @@ from kiln.store.atomic import ensure_root
 from kiln.store.clock import utc_now_rfc3339
 from kiln.store.locks import resource_lock
 from kiln.store.names import name_problem
+from kiln.store.sweep import sweep_named_folders
 
 log = logging.getLogger("kiln.data")
 
@@ -79,6 +80,10 @@ class DatasetStore:
             with resource_lock(self.root, name, blocking=wait) as held:
                 if held:
                     dirswap.recover(self.root, name)
+
+    def sweep(self) -> list[str]:
+        """Startup sweep: settle scratch copies of names no live writer holds, and stray temp files."""
+        return sweep_named_folders(self.root)
 
     def _missing(self, name: str) -> KilnError:
         return KilnError(404, "dataset_not_found", f"dataset {name!r} not found", param="name",

@@ -24,6 +24,7 @@ from kiln.store.atomic import append_jsonl, atomic_write_bytes, atomic_write_jso
 from kiln.store.clock import utc_now_rfc3339
 from kiln.store.locks import resource_lock
 from kiln.store.names import name_problem
+from kiln.store.sweep import sweep_named_folders
 
 log = logging.getLogger("kiln.data")
 
@@ -51,6 +52,10 @@ class JudgmentStore:
             for name in dirswap.scratch_names(self.root):
                 with resource_lock(self.root, name):
                     dirswap.recover(self.root, name)
+
+    def sweep(self) -> list[str]:
+        """Startup sweep: scratch copies of names no live writer holds, and temp files of in-place rewrites."""
+        return sweep_named_folders(self.root)
 
     def _lock(self, name: str, *, shared: bool = False):
         if not self.root.is_dir():

@@ -30,7 +30,7 @@ from kiln.engine.timing import RequestTimeline, now, performance_metadata
 from kiln.errors import KilnError
 
 if TYPE_CHECKING:
-    from kiln.engine.serving import Engine
+    from kiln.engine.serving import Admission, Engine
 
 log = logging.getLogger("kiln.engine")
 
@@ -137,10 +137,11 @@ def _chat_finished(prep: PreparedChat, status: str, outs: list[ChoiceOutput], fi
 
 # ---- non-streaming chat ---------------------------------------------------------------------------
 
-async def collect(engine: Engine, prep: PreparedChat, *, raise_on_error: bool = True) -> list[ChoiceOutput]:
+async def collect(engine: Engine, prep: PreparedChat, *, raise_on_error: bool = True,
+                  admission: Admission | None = None) -> list[ChoiceOutput]:
     """Run the request and gather every choice; choice 0's events feed the request timeline."""
     outs = [ChoiceOutput() for _ in prep.params]
-    async for _, ev in engine.submit([prep.work()]):
+    async for _, ev in engine.submit([prep.work()], admission):
         if ev.error and raise_on_error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         outs[ev.index].add(ev)
@@ -168,12 +169,12 @@ def _finishing(engine: Engine, record: Callable[[str, str | None], FinishedCompl
         engine.finish_completion(record(status, error))
 
 
-async def complete_chat(engine: Engine, prep: PreparedChat) -> dict[str, Any]:
+async def complete_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None) -> dict[str, Any]:
     """A `chat.completion` body."""
     outs: list[ChoiceOutput] = []
     with _finishing(engine, lambda status, error: _chat_finished(prep, status, outs, [o.finish_reason for o in outs],
                                                                  error=error)):
-        outs += await collect(engine, prep)
+        outs += await collect(engine, prep, admission=admission)
         return _completion_body(engine, prep, outs)
 
 
@@ -255,7 +256,8 @@ def _delta(prep: PreparedChat, **delta: Any) -> dict[str, str]:
     return {"data": _chunk(prep, [{"index": 0, "delta": delta}])}
 
 
-async def stream_chat(engine: Engine, prep: PreparedChat) -> AsyncIterator[dict[str, str]]:
+async def stream_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None
+                      ) -> AsyncIterator[dict[str, str]]:
     """SSE events (`{"data": ...}`) of a streamed chat completion, ending in `[DONE]`; a failure after
     the first byte becomes an error event (a stream has no status code left to change)."""
     engine.start_completion()
@@ -263,7 +265,7 @@ async def stream_chat(engine: Engine, prep: PreparedChat) -> AsyncIterator[dict[
     finishes: list[str] = []
     status, error = "error", None
     try:
-        async for item in _stream_events(engine, prep, out, finishes):
+        async for item in _stream_events(engine, prep, out, finishes, admission):
             yield item
         status = "ok"
     except KilnError as e:
@@ -282,8 +284,8 @@ async def stream_chat(engine: Engine, prep: PreparedChat) -> AsyncIterator[dict[
         engine.finish_completion(_chat_finished(prep, status, [out], finishes, error=error))
 
 
-async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, finishes: list[str]
-                         ) -> AsyncIterator[dict[str, str]]:
+async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, finishes: list[str],
+                         admission: Admission | None = None) -> AsyncIterator[dict[str, str]]:
     inp = prep.inp
     # per-token timing events only when the request itself asks (semantics.md §4.8)
     timing = inp.include_performance is True
@@ -313,7 +315,7 @@ async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, 
             found.append(_delta(prep, tool_calls=td.tool_calls))
         return found
 
-    async for _, ev in engine.submit([prep.work()]):
+    async for _, ev in engine.submit([prep.work()], admission):
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         out.add(ev)
@@ -346,7 +348,7 @@ async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, 
 
 # ---- batch ----------------------------------------------------------------------------------------
 
-async def run_batch(engine: Engine, batch: PreparedBatch) -> dict[str, Any]:
+async def run_batch(engine: Engine, batch: PreparedBatch, admission: Admission | None = None) -> dict[str, Any]:
     """A `batch.completion` body: every runnable prompt in one continuous batch; a prompt that could
     not run, or whose generation failed, gives finish_reason "error" items and the rest still return."""
     n = batch.inp.n
@@ -356,7 +358,7 @@ async def run_batch(engine: Engine, batch: PreparedBatch) -> dict[str, Any]:
     with _finishing(engine, lambda status, error: _batch_finished(batch, outputs, items, status, error)):
         requests = batch.work()
         if requests:
-            async for i, ev in engine.submit(requests):
+            async for i, ev in engine.submit(requests, admission):
                 outputs[runnable[i].index][ev.index].add(ev)
         for pl in batch.plans:
             for c in range(n):

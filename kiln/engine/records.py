@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from kiln.core.thinking_mode import recent_thinking_mode
 from kiln.store.clock import utc_now_rfc3339
 
 if TYPE_CHECKING:
@@ -242,19 +243,6 @@ def recent_budget(effective: dict[str, Any], applied: bool | None = None,
     return out
 
 
-def thinking_mode(template_kwargs: dict[str, Any] | None) -> str:
-    """semantics.md §3.1: the request's enable_thinking as the recent-request row names it."""
-    kwargs = template_kwargs or {}
-    if "enable_thinking" not in kwargs:
-        return "template_default"
-    value = kwargs["enable_thinking"]
-    if value is True:
-        return "explicit_enabled"
-    if value is False:
-        return "explicit_disabled"
-    return "custom"
-
-
 def adapter_identity(target: Any) -> list[dict[str, Any]]:
     """[{name, scale, revision}] of an AdapterTarget (its key); [] for the base model."""
     if target is None:
@@ -320,7 +308,7 @@ def record_from_finished(done: FinishedCompletion) -> CompletionRecord | None:
         duration_ms=done.seconds * 1000.0, ttft_ms=prep.timeline.ttft_ms(), streamed=done.streamed,
         error=done.error if not ended else None,
         thinking_budget=recent_budget(prep.budget.to_dict(), prep.budget_applies, outcome),
-        thinking_mode=thinking_mode(prep.inp.chat_template_kwargs),
+        thinking_mode=recent_thinking_mode(prep.inp.chat_template_kwargs),
     )
 
 
@@ -373,7 +361,7 @@ def _batch_record(done: FinishedCompletion, batch: Any, ended: bool) -> Completi
         prompt_tokens=done.prompt_tokens * n, completion_tokens=sum(c.completion_tokens for c in choices),
         duration_ms=done.seconds * 1000.0, error=done.error if not ended else None,
         thinking_budget=recent_budget(batch.budget.to_dict(), applied),
-        thinking_mode=thinking_mode(batch.inp.chat_template_kwargs),
+        thinking_mode=recent_thinking_mode(batch.inp.chat_template_kwargs),
     )
 
 
@@ -387,7 +375,7 @@ def rejected_record(kind: str, inp: ChatInput, *, model: str, request_id: str, s
         finish_reason="error", messages=None if kind == "batch" else inp.messages, prompts=prompts,
         tools=inp.tools, duration_ms=duration_ms, streamed=inp.stream, error=error,
         thinking_budget=None if budget is None else recent_budget(budget),
-        thinking_mode=thinking_mode(inp.chat_template_kwargs),
+        thinking_mode=recent_thinking_mode(inp.chat_template_kwargs),
     )
 
 

@@ -16,7 +16,7 @@ from kiln.engine.scoring import prompt_logprob_entries
 from kiln.errors import KilnError
 
 if TYPE_CHECKING:
-    from kiln.engine.serving import Engine
+    from kiln.engine.serving import Admission, Engine
 
 MAX_PROMPT_TOKENS = 4096
 MAX_RETURNED_CANDIDATES = 65_536
@@ -81,13 +81,18 @@ def _prompt_ids(engine: Engine, inp: ScoreInput) -> list[int]:
     return ids
 
 
-async def score_prompt(engine: Engine, ids: list[int], k: int, timeout_s: float) -> dict[str, Any]:
-    """A `text_completion` body whose one choice carries the prompt log-probs."""
+async def score_prompt(engine: Engine, ids: list[int], k: int, timeout_s: float,
+                       admission: Admission | None = None) -> dict[str, Any]:
+    """A `text_completion` body whose one choice carries the prompt log-probs. `admission` (the place
+    `Engine.admit` gave it) is given back once the scores are in, or on failure."""
     try:
         scores = await asyncio.wait_for(engine.score(ids, k), timeout=timeout_s)
     except TimeoutError:
         raise KilnError(408, "request_timeout", f"prompt scoring did not finish within {timeout_s:g}s",
                         hint="Retry later or score a shorter prompt.") from None
+    finally:
+        if admission is not None:
+            admission.release()
     # up to 65,536 small decodes: off the event loop
     entries = await run_in_threadpool(prompt_logprob_entries, ids, scores, engine.tokenizer)
     identity = engine.identity

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from kiln.config import Settings
+from kiln.core.admission import AdmissionGate, Ticket, gate_for
 from kiln.core.block_manager import PrefixCacheStats
 from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
 from kiln.core.sampling import SamplingParams, resolve_sampling
@@ -156,6 +157,9 @@ class Engine:
         self.adapters: AdapterResolver | None = None
         self.observers: list[CompletionObserver] = []
         self.in_flight = 0
+        # Bounded admission (issue 19.2): `admit` refuses new HTTP work past these limits; build_engine
+        # sizes them from the settings and the KV pool.
+        self.admission = AdmissionGate()
 
     def attach_adapters(self, store: Any, compose_cache: Any, active: Any) -> None:
         from kiln.adapters.compat import model_spec_from_config
@@ -258,10 +262,40 @@ class Engine:
             out.append(p)
         return out
 
-    def submit(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, ChoiceEvent]]:
+    def admit(self, prompt_tokens: list[int]) -> Admission:
+        """Take places for new work (one per request, holding its prompt tokens) or refuse it, before
+        anything is queued: 429 `inference_queue_full` with Retry-After past either limit."""
+        tickets = self.admission.admit(prompt_tokens)
+        if isinstance(tickets, str):
+            gate = self.admission
+            what = (f"{gate.waiting} requests are waiting (the limit is {gate.max_waiting_requests})"
+                    if tickets == "requests" else
+                    f"{gate.queued_tokens} prompt tokens are queued (the limit is {gate.max_queued_tokens})")
+            raise KilnError(429, "inference_queue_full", f"the server is at capacity: {what}",
+                            hint="Retry after the Retry-After interval; the limits are [engine] "
+                                 "max_waiting_requests and max_queued_prompt_tokens.",
+                            headers={"Retry-After": str(RETRY_AFTER_SECS)})
+        return Admission(self.admission, tickets)
+
+    def submit(self, requests: list[GenerationRequest], admission: Admission | None = None
+               ) -> AsyncIterator[tuple[int, ChoiceEvent]]:
         """The one way work reaches the actor: the requests join the running batch at the same step;
-        events come back as (request index, event); leaving the iterator early aborts what still runs."""
-        return self._bridge.submit(requests)
+        events come back as (request index, event); leaving the iterator early aborts what still runs.
+        With `admission` (from `admit`, one ticket per request), each request stops waiting at its first
+        event and every place is given back when the iterator ends; without, the work is internal
+        (eval jobs) and unbounded here."""
+        if admission is None:
+            return self._bridge.submit(requests)
+        return self._admitted(requests, admission)
+
+    async def _admitted(self, requests: list[GenerationRequest], admission: Admission
+                        ) -> AsyncIterator[tuple[int, ChoiceEvent]]:
+        try:
+            async for i, ev in self._bridge.submit(requests):
+                admission.started(i)
+                yield i, ev
+        finally:
+            admission.release()
 
     def generate(self, prompt_ids: list[int], params: list[SamplingParams], request_id: str | None = None,
                  budgets: list | None = None, adapter: AdapterTarget | None = None) -> AsyncIterator[ChoiceEvent]:
@@ -294,6 +328,24 @@ class Engine:
     def close_think_ids(self) -> list[int]:
         """The tokenizer's own encoding of `</think>` (one special token or several ordinary ones)."""
         return self.tokenizer.encode("</think>", add_special_tokens=False)
+
+
+RETRY_AFTER_SECS = 1
+
+
+class Admission:
+    """The places one HTTP request holds in the admission gate; `release` is idempotent."""
+
+    def __init__(self, gate: AdmissionGate, tickets: list[Ticket]) -> None:
+        self.gate = gate
+        self.tickets = tickets
+
+    def started(self, index: int) -> None:
+        self.gate.started(self.tickets[index])
+
+    def release(self) -> None:
+        for t in self.tickets:
+            self.gate.done(t)
 
 
 @dataclass
@@ -388,5 +440,15 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
              info.describe(), path, weights.format, info.dtype, device,
              f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
              time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
-    return Engine(info, tokenizer, template, actor, weights, identity,
-                         effective_inference_config(settings, info, runner.backend))
+    engine = Engine(info, tokenizer, template, actor, weights, identity,
+                    effective_inference_config(settings, info, runner.backend))
+    engine.admission = admission_gate(settings, num_blocks * block_size, max_len)
+    log.info("admission: at most %d waiting requests and %d queued prompt tokens (then 429 + Retry-After)",
+             engine.admission.max_waiting_requests, engine.admission.max_queued_tokens)
+    return engine
+
+
+def admission_gate(settings: Settings, kv_pool_tokens: int, max_model_len: int) -> AdmissionGate:
+    e = settings.engine
+    return gate_for(e.max_waiting_requests, e.max_queued_prompt_tokens, max_num_seqs=e.max_num_seqs,
+                    kv_pool_tokens=kv_pool_tokens, max_model_len=max_model_len)

@@ -56,6 +56,10 @@ class EvalJobManager:
         # Called on the event loop with every job that reaches a terminal state (post-training gates).
         self.listeners: list[Callable[[EvalJob], None]] = []
 
+    def sweep(self) -> list[str]:
+        """Startup sweep of the job archives (temp files of interrupted writes)."""
+        return self.store.sweep()
+
     # -- startup ------------------------------------------------------------------------------------
     def load_archived(self) -> int:
         for job in self.store.load_all(keep=self.max_tracked_jobs):
@@ -95,6 +99,9 @@ class EvalJobManager:
                             hint="Delete finished jobs with DELETE /v1/eval/jobs/{id}.", headers=RETRY_AFTER)
         self._sequence += 1
         job.sequence = self._sequence
+        # Written before the id is answered: an acknowledged job survives a crash (it comes back failed,
+        # "interrupted", rather than vanishing).
+        self.store.save(job)
         self.jobs[job.job_id] = job
         self._queue.append(job.job_id)
         if self._wake is not None:

@@ -1,7 +1,7 @@
 """Eval job archives: one pretty JSON file per job under `<data_dir>/eval/jobs/`, written atomically.
 
-A job's file is first written when it starts running (a "running" marker) and rewritten after each
-finished run and at the end. A file still saying running/queued at startup belongs to a process that
+A job's file is first written when it is queued (before its id is answered), rewritten when it starts
+running and after each finished run and at the end. A file still saying running/queued at startup belongs to a process that
 died mid-job: it is reloaded as failed, keeping the runs that had finished.
 """
 

@@ -15,6 +15,7 @@ from kiln.errors import KilnError
 from kiln.evals.suite import EvalSuite, parse_suite, suite_summary
 from kiln.store.atomic import atomic_write_json, fsync_path
 from kiln.store.names import validate_name
+from kiln.store.sweep import is_atomic_temp, remove_path, sweep_temp_files
 
 log = logging.getLogger("kiln.evals")
 
@@ -81,6 +82,26 @@ class SuiteStore:
             os.replace(target, tomb)
             fsync_path(self.root)
         shutil.rmtree(tomb, ignore_errors=True)
+
+    def sweep(self) -> list[str]:
+        """Startup sweep: half-deleted tombs, temp files, and folders a kill left without a suite.json
+        (`save` makes the folder, then writes the file) that hold nothing but temp files."""
+        done: list[str] = []
+        if not self.root.is_dir():
+            return done
+        with self._lock:
+            done += sweep_temp_files(self.root)
+            for entry in sorted(os.listdir(self.root)):
+                path = self.root / entry
+                if entry.startswith(".deleting-"):
+                    remove_path(path)
+                    done.append(f"removed {path}")
+                elif not entry.startswith(".") and path.is_dir():
+                    done += sweep_temp_files(path)
+                    if not (path / SUITE_FILE).exists() and all(is_atomic_temp(e) for e in os.listdir(path)):
+                        remove_path(path)
+                        done.append(f"removed {path} (no {SUITE_FILE})")
+        return done
 
     def names(self) -> list[str]:
         if not self.root.is_dir():

@@ -84,10 +84,13 @@ def remove(final: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def recover(root: Path, name: str) -> None:
-    """Settle scratch copies of `name` left by a killed writer. Call with the resource lock held."""
+def recover(root: Path, name: str) -> list[str]:
+    """Settle scratch copies of `name` left by a killed writer. Call with the resource lock held.
+
+    Returns what it did, one line each ("removed <path>", "restored <path>"), for the startup sweep's log."""
+    done: list[str] = []
     if not root.is_dir():
-        return
+        return done
     final = root / name
     olds: list[Path] = []
     for entry in os.listdir(root):
@@ -99,12 +102,17 @@ def recover(root: Path, name: str) -> None:
             olds.append(root / entry)
         else:
             shutil.rmtree(root / entry, ignore_errors=True)
+            done.append(f"removed {root / entry}")
     if olds and not final.exists():
         # Only one replace runs at a time per name, so there is at most one old copy to restore.
-        os.rename(olds.pop(), final)
+        old = olds.pop()
+        os.rename(old, final)
         fsync_path(root)
+        done.append(f"restored {final} from {old.name}")
     for old in olds:
         shutil.rmtree(old, ignore_errors=True)
+        done.append(f"removed {old}")
+    return done
 
 
 def scratch_names(root: Path) -> set[str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from kiln.errors import KilnError
 from kiln.store.atomic import atomic_write_json, fsync_path
+from kiln.store.sweep import sweep_temp_files
 
 
 class JsonRecordDir:
@@ -25,6 +26,10 @@ class JsonRecordDir:
     def write(self, record_id: str, data: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.path_for(record_id), data)
+
+    def sweep(self) -> list[str]:
+        """Startup sweep: temp files of record writes a kill interrupted."""
+        return sweep_temp_files(self.root)
 
     def delete(self, record_id: str) -> bool:
         try:

@@ -125,6 +125,12 @@ class CorrectionStore:
         self._replay()
 
     # ---- persistence ------------------------------------------------------------------------------
+    def sweep(self) -> list[str]:
+        """Startup sweep: temp files an interrupted write left (appends need none; a torn tail is skipped)."""
+        from kiln.store.sweep import sweep_temp_files
+
+        return sweep_temp_files(self.root)
+
     def _replay(self) -> None:
         for ev in read_jsonl(self.path, skip_invalid=True):
             if isinstance(ev, dict):

@@ -21,8 +21,9 @@ from kiln.adapters.active import model_spec_for
 from kiln.adapters.peft_format import config_dict
 from kiln.errors import KilnError
 from kiln.store.clock import utc_now_rfc3339
+from kiln.train.checkpoint import PROGRESS_FIELDS, CheckpointStore, TrainState
 from kiln.train.jobs import TrainJob
-from kiln.train.loop import StepReport, run_loop
+from kiln.train.loop import LoopState, StepReport, run_loop
 from kiln.train.memory import PeakTracker
 from kiln.train.plan import TrainingPlan
 from kiln.train.receipt import build_lineage, build_receipt
@@ -60,9 +61,22 @@ def _trainable_rotary(model: torch.nn.Module) -> None:
             setattr(rotary, name, t.clone())
 
 
+@dataclass
+class Checkpointing:
+    """Where a job's checkpoints go, how often, and when to stop at the next batch boundary (shutdown)."""
+
+    store: CheckpointStore
+    every_steps: int = 0                           # 0: only when pausing
+    should_pause: Callable[[], bool] = lambda: False
+    saved: Callable[[], None] = lambda: None       # after each checkpoint: persist the job record now
+
+
 def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Callable[[], None],
-            should_stop: Callable[[], bool]) -> None:
-    """Train, save, activate. Mutates `job` (progress, loss, results); raises Cancelled or an error."""
+            should_stop: Callable[[], bool], checkpointing: Checkpointing | None = None) -> None:
+    """Train, save, activate. Mutates `job` (progress, loss, results); raises Cancelled, Paused or an error.
+
+    With `checkpointing`, a saved state of this job is continued from (factors, optimizer, data position,
+    progress), and new states are saved every `every_steps` steps and when pausing."""
     model = served_model(ctx.engine)
     freeze_base(model)
     _trainable_rotary(model)
@@ -74,6 +88,18 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
                          device=param.device, seed=plan.lora.seed)
     if plan.lora.base_factors is not None:
         lora.load_factors(plan.lora.base_factors)
+    resume = checkpointing.store.load_state(job.job_id) if checkpointing is not None else None
+    if resume is not None:
+        lora.load_state_dict(resume.factors)
+        for key in PROGRESS_FIELDS:
+            if key in resume.progress:
+                setattr(job, key, resume.progress[key])
+        job.resumed_from_step = resume.loop.step
+        log.info("training job %s continues from its checkpoint at step %d", job.job_id, resume.loop.step)
+    elif job.step or job.loss_curve:
+        # A resumed job with no checkpoint yet starts over: forget the lost run's progress.
+        job.step, job.epoch, job.progress, job.tokens_trained, job.loss_curve = 0, 0, 0.0, 0, []
+        job.current_loss, job.metrics = None, {}
     job.total_steps = plan.loop.total_steps(len(plan.work.items))
     memory = PeakTracker()
     job.memory = {"rss_start_mb": round(memory.start_mb, 1), "rss_peak_mb": round(memory.start_mb, 1),
@@ -92,7 +118,18 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
         job.memory["rss_peak_mb"] = round(memory.sample(), 1)
         on_update()
 
-    run_loop(model, lora, plan.work, plan.loop, on_step=step_done, should_stop=should_stop)
+    def save_checkpoint(state: LoopState) -> None:
+        assert checkpointing is not None
+        progress = {key: getattr(job, key) for key in PROGRESS_FIELDS}
+        checkpointing.store.save_state(job.job_id, TrainState(state, lora.state_dict(), progress))
+        job.checkpoint = {"step": state.step, "saved_at": utc_now_rfc3339()}
+        checkpointing.saved()
+
+    run_loop(model, lora, plan.work, plan.loop, on_step=step_done, should_stop=should_stop,
+             resume=resume.loop if resume is not None else None,
+             checkpoint_every=checkpointing.every_steps if checkpointing is not None else 0,
+             on_checkpoint=save_checkpoint if checkpointing is not None else None,
+             should_pause=checkpointing.should_pause if checkpointing is not None else None)
     duration = time.perf_counter() - t0
     finished = utc_now_rfc3339()
     receipt = build_receipt(job, plan, ctx.engine, finished_at=finished, duration_secs=duration, base_dtype=base_dtype)
@@ -101,7 +138,6 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
                                  base_model_name_or_path=served_id)
     info = ctx.adapters.save_adapter(plan.adapter_name, lora.factors(), adapter_config, receipt,
                                      lineage=build_lineage(plan, ctx.engine, base_dtype), overwrite=plan.overwrite)
-    del lora
     job.adapter_path = str(ctx.adapters.path(plan.adapter_name))
     job.train_receipt = {k: v for k, v in receipt.items() if k != "loss_curve"}
     job.train_receipt["adapter_content_sha256"] = info.content_sha256

@@ -15,7 +15,10 @@ from datetime import datetime
 from typing import Any
 
 QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED = "queued", "running", "completed", "failed", "cancelled"
-TERMINAL = (COMPLETED, FAILED, CANCELLED)
+# Stopped by a shutdown or a crash with its request (and maybe a checkpoint) kept: nothing runs, but
+# POST /v1/train/jobs/{id}/resume continues it, so it still owns its adapter name.
+INTERRUPTED = "interrupted"
+TERMINAL = (COMPLETED, FAILED, CANCELLED, INTERRUPTED)
 MAX_CURVE_POINTS = 2000
 
 
@@ -55,6 +58,9 @@ class TrainJob:
     post_eval_verdict: str | None = None
     post_eval_gate_evidence: dict[str, Any] | None = None
     linked_eval_job_ids: list[str] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None      # the latest saved checkpoint: {step, saved_at}
+    resumed_from_step: int | None = None          # the checkpoint step this run continued from
+    resumes: int = 0                              # how many times the job was resumed
 
     @property
     def terminal(self) -> bool:
@@ -89,6 +95,12 @@ class TrainJob:
                 out[key] = getattr(self, key)
         if self.linked_eval_job_ids:
             out["linked_eval_job_ids"] = list(self.linked_eval_job_ids)
+        if self.state == INTERRUPTED:
+            out["resumable"] = True
+        if self.checkpoint is not None:
+            out["checkpoint"] = dict(self.checkpoint)
+        if self.resumes:
+            out["resumes"], out["resumed_from_step"] = self.resumes, self.resumed_from_step
         return out
 
     def detail(self) -> dict[str, Any]:

@@ -9,6 +9,11 @@ one then shows gate_outcome "pending" while its eval job (queued through `eval_l
 eval manager's terminal-state listener (`on_eval_finished`) resolves the gate on a thread of its own,
 so the training queue never waits for an eval. A gated job's webhook fires once the gate resolved.
 A gate still pending at startup can never resolve: it is recorded as an error (fail closed).
+
+Resumable jobs (issue 19.4): with a checkpoint store, each job's request is kept beside its checkpoints
+(saved every `checkpoint_every` steps). A job the process lost (crash) or paused (`pause`, the graceful
+shutdown) is `interrupted`; `resume` queues it again with a plan built from the same request, and the
+executor continues from the latest checkpoint. A job that ends for good drops its checkpoints.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from typing import Any
 from kiln.errors import KilnError
 from kiln.evals.jobs import EvalJob
 from kiln.store.clock import utc_now_rfc3339
+from kiln.train.checkpoint import CheckpointStore
 from kiln.train.errors import job_not_found
 from kiln.train.eval_link import EvalLink, build_eval_job
-from kiln.train.executor import JobContext, execute
+from kiln.train.executor import Checkpointing, JobContext, execute
 from kiln.train.gate_actions import (
     PENDING,
     interrupted,
@@ -36,8 +42,8 @@ from kiln.train.gate_actions import (
     submission_failed,
 )
 from kiln.train.job_store import TrainJobStore
-from kiln.train.jobs import CANCELLED, COMPLETED, FAILED, QUEUED, RUNNING, TrainJob
-from kiln.train.loop import Cancelled
+from kiln.train.jobs import CANCELLED, COMPLETED, FAILED, INTERRUPTED, QUEUED, RUNNING, TrainJob
+from kiln.train.loop import Cancelled, Paused
 from kiln.train.plan import TrainingPlan
 from kiln.train.webhook import deliver, webhook_payload
 
@@ -46,14 +52,20 @@ log = logging.getLogger("kiln.train")
 RETRY_AFTER = {"Retry-After": "30"}
 SAVE_INTERVAL = 1.0
 RECENT_COMPLETED = 20
+MIN_PAUSE_SECS = 30.0
 
 
 class TrainingManager:
     def __init__(self, store: TrainJobStore, context: Callable[[], JobContext], *, max_queued_jobs: int = 8,
                  max_tracked_jobs: int = 256, webhook_url: str | None = None,
                  send_webhook: Callable[[str, dict[str, Any]], dict[str, Any]] = deliver,
-                 run: Callable[..., None] = execute, eval_link: EvalLink | None = None) -> None:
+                 run: Callable[..., None] = execute, eval_link: EvalLink | None = None,
+                 checkpoints: CheckpointStore | None = None, checkpoint_every: int = 0,
+                 auto_resume: bool = False) -> None:
         self.store = store
+        self.auto_resume = auto_resume   # the server resumes interrupted jobs once its model has loaded
+        self.checkpoints = checkpoints
+        self.checkpoint_every = checkpoint_every
         self.context = context
         self.max_queued_jobs = max_queued_jobs
         self.max_tracked_jobs = max_tracked_jobs
@@ -71,10 +83,12 @@ class TrainingManager:
         # Called with a job when it ends and again when its post-training gate resolves (corrections
         # mark themselves trained from here); a listener that raises is logged, never the worker's problem.
         self.listeners: list[Callable[[TrainJob], None]] = []
+        self._pausing = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def load_archived(self) -> int:
-        jobs = self.store.load_all(keep=self.max_tracked_jobs)
+        resumable = self.checkpoints.has_request if self.checkpoints is not None else None
+        jobs = self.store.load_all(keep=self.max_tracked_jobs, resumable=resumable)
         with self._cond:
             for job in jobs:
                 self._jobs[job.job_id] = job
@@ -88,6 +102,41 @@ class TrainingManager:
             self._closed = True
             self._cond.notify_all()
 
+    def request_pause(self) -> None:
+        """Take no more jobs; the running one stops (checkpointed) at its next batch boundary."""
+        with self._cond:
+            self._closed, self._pausing = True, True
+            self._cond.notify_all()
+
+    def pause(self, timeout: float) -> str | None:
+        """Shutdown: take no more jobs, stop the running one at its next batch boundary after a checkpoint
+        (it becomes `interrupted`), wait up to `timeout` seconds. Queued jobs stay queued on disk and come
+        back interrupted. Returns the id of a job still running after the timeout, else None."""
+        with self._cond:
+            self._closed, self._pausing = True, True
+            self._cond.notify_all()
+            thread, running = self._thread, self._running
+        if thread is not None and running is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                return running
+        return None
+
+    def sweep(self) -> list[str]:
+        """Startup sweep of the job records and the checkpoints."""
+        return self.store.sweep() + (self.checkpoints.sweep() if self.checkpoints is not None else [])
+
+    def pause_for_shutdown(self, seconds_left: float) -> None:
+        """The shutdown hook: wait for the running job's checkpoint, at least MIN_PAUSE_SECS even when
+        draining requests took the rest of the deadline (a step must not be cut off mid-write)."""
+        still = self.pause(max(seconds_left, MIN_PAUSE_SECS))
+        if still is not None:
+            log.warning("training job %s did not reach a batch boundary in time; it continues from its last "
+                        "checkpoint after a restart", still)
+
+    def interrupted_jobs(self) -> list[TrainJob]:
+        with self._cond:
+            return [j for j in self._jobs.values() if j.state == INTERRUPTED]
     def _ensure_worker(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._worker, name="kiln-train", daemon=True)
@@ -112,7 +161,7 @@ class TrainingManager:
 
     def _evict_finished(self) -> bool:
         for job_id, job in self._jobs.items():  # oldest first (insertion order)
-            if job.terminal and job.gate_outcome != PENDING:
+            if job.terminal and job.gate_outcome != PENDING and job.state != INTERRUPTED:
                 del self._jobs[job_id]
                 self.store.delete(job_id)
                 return True
@@ -122,12 +171,14 @@ class TrainingManager:
         # Two unfinished jobs writing one adapter would race; the later one is refused up front.
         # A pending gate still owns its adapter: retraining it now would change what the gate promotes.
         for other in self._jobs.values():
-            if (not other.terminal or other.gate_outcome == PENDING) and other.adapter_name == plan.adapter_name:
+            owns = not other.terminal or other.gate_outcome == PENDING or other.state == INTERRUPTED
+            if owns and other.adapter_name == plan.adapter_name and other.job_id != plan.job_id:
                 raise KilnError(409, "adapter_already_exists",
                                 f"training job {other.job_id} is already producing adapter {plan.adapter_name!r}",
                                 param="config.output_name", hint="Pick another output_name or wait for that job.")
 
-    def submit(self, plan: TrainingPlan) -> TrainJob:
+    def submit(self, plan: TrainingPlan, request: dict[str, Any] | None = None) -> TrainJob:
+        """Queue a new job. `request` (the wire body) is kept so the job can be resumed after a crash."""
         job = TrainJob(job_id=plan.job_id, job_type=plan.job_type, adapter_name=plan.adapter_name,
                        config=plan.config, training_data={**plan.data.provenance(), **plan.stats},
                        submitted_at=utc_now_rfc3339(), base_adapter=plan.lora.base_adapter,
@@ -138,6 +189,9 @@ class TrainingManager:
                 raise KilnError(503, "server_shutting_down", "the server is shutting down", headers=RETRY_AFTER)
             self._admission_problem()
             self._check_name_free(plan)
+            if self.checkpoints is not None and request is not None:
+                body = {**request, "config": {**(request.get("config") or {}), "output_name": plan.adapter_name}}
+                self.checkpoints.save_request(job.job_id, plan.job_type, body)
             self._jobs[job.job_id] = job
             self._plans[job.job_id] = plan
             self._queue.append(job.job_id)
@@ -146,6 +200,50 @@ class TrainingManager:
             self._cond.notify_all()
         log.info("queued %s job %s -> adapter %s (%d items)", job.job_type, job.job_id, job.adapter_name,
                  len(plan.work.items))
+        return job
+
+    def resume_request(self, job_id: str) -> tuple[TrainJob, str, dict[str, Any]]:
+        """The interrupted job and its kept request (job type, body): what a resume plans from."""
+        job = self.get(job_id)
+        if job.state != INTERRUPTED:
+            raise KilnError(409, "training_job_not_resumable", f"training job {job_id} is {job.state}",
+                            param="job_id", hint="Only an interrupted job can be resumed.")
+        kept = self.checkpoints.load_request(job_id) if self.checkpoints is not None else None
+        if kept is None:
+            raise KilnError(409, "training_job_not_resumable",
+                            f"training job {job_id} kept no request to resume from", param="job_id",
+                            hint="Submit the job again.")
+        return job, kept[0], kept[1]
+
+    def resume(self, plan: TrainingPlan) -> TrainJob:
+        """Queue an interrupted job again; the executor continues from its latest checkpoint."""
+        with self._cond:
+            job = self._jobs.get(plan.job_id)
+            if job is None:
+                raise job_not_found(plan.job_id)
+            if job.state != INTERRUPTED:
+                raise KilnError(409, "training_job_not_resumable", f"training job {job.job_id} is {job.state}",
+                                param="job_id", hint="Only an interrupted job can be resumed.")
+            if self._closed:
+                raise KilnError(503, "server_shutting_down", "the server is shutting down", headers=RETRY_AFTER)
+            want = job.training_data.get("data_sha256")
+            if want is not None and want != plan.data.sha256:
+                raise KilnError(409, "training_data_changed",
+                                f"the training data of job {job.job_id} changed since it started "
+                                f"({plan.data.sha256} != {want})", param="job_id",
+                                hint="Submit a new job to train on the current data.")
+            if len(self._queue) >= self.max_queued_jobs:
+                self._admission_problem()
+            self._check_name_free(plan)
+            job.state, job.error, job.finished_at, job.cancel_requested = QUEUED, None, None, False
+            job.resumes += 1
+            self._plans[job.job_id] = plan
+            self._queue.append(job.job_id)
+            self.store.save(job)
+            self._ensure_worker()
+            self._cond.notify_all()
+        log.info("resuming training job %s (checkpoint at step %s)", job.job_id,
+                 (job.checkpoint or {}).get("step", 0))
         return job
 
     # -- queries ---------------------------------------------------------------------------------
@@ -214,6 +312,7 @@ class TrainingManager:
                 return {"status": "cancelling", "job_id": job_id,
                         "note": "the job stops at its next step boundary; no adapter is saved"}
             del self._jobs[job_id]
+        self._drop_checkpoints(job_id)
         removed = self.store.delete(job_id)
         return {"status": "deleted", "job_id": job_id, "removed_record_file": removed}
 
@@ -222,8 +321,16 @@ class TrainingManager:
         self._plans.pop(job.job_id, None)
         job.state, job.finished_at = CANCELLED, utc_now_rfc3339()
         self.store.save(job)
+        self._drop_checkpoints(job.job_id)
         self._notify_webhook(job)
         self._notify_listeners(job)
+
+    def _drop_checkpoints(self, job_id: str) -> None:
+        if self.checkpoints is not None:
+            try:
+                self.checkpoints.delete(job_id)
+            except OSError as e:
+                log.warning("training job %s: its checkpoints were not removed: %s", job_id, e)
 
     # -- the worker ------------------------------------------------------------------------------
     def _worker(self) -> None:
@@ -254,9 +361,23 @@ class TrainingManager:
                 last_save[0] = now
                 self.store.save(job)
 
+        extra: dict[str, Any] = {}
+        if self.checkpoints is not None:
+            extra["checkpointing"] = Checkpointing(self.checkpoints, self._checkpoint_every(plan),
+                                                   lambda: self._pausing, lambda: self.store.save(job))
         try:
-            self.run(job, plan, self.context(), on_update=on_update, should_stop=lambda: job.cancel_requested)
+            self.run(job, plan, self.context(), on_update=on_update, should_stop=lambda: job.cancel_requested,
+                     **extra)
             job.state = COMPLETED
+        except Paused:
+            job.state = INTERRUPTED
+            job.error = (f"interrupted by a server shutdown at step {job.step}; POST /v1/train/jobs/{job.job_id}/resume "
+                         "continues it")
+            job.elapsed_secs = round(time.perf_counter() - t0, 3)
+            self.store.save(job)
+            log.info("training job %s paused at step %d (checkpoint at step %s)", job.job_id, job.step,
+                     (job.checkpoint or {}).get("step"))
+            return
         except Cancelled:
             job.state = CANCELLED
             log.info("training job %s cancelled at step %d", job.job_id, job.step)
@@ -272,6 +393,7 @@ class TrainingManager:
         if post_eval and plan.gated:
             mark_pending(job)
         self.store.save(job)
+        self._drop_checkpoints(job.job_id)
         log.info("training job %s %s after %.1fs (adapter %s)", job.job_id, job.state, job.elapsed_secs,
                  job.adapter_name)
         if post_eval:
@@ -279,6 +401,10 @@ class TrainingManager:
         if not (post_eval and plan.gated):
             self._notify_webhook(job)
         self._notify_listeners(job)
+
+    def _checkpoint_every(self, plan: TrainingPlan) -> int:
+        asked = plan.config.get("checkpoint_interval")
+        return int(asked) if asked is not None else self.checkpoint_every
 
     # -- the post-training eval and its gate -----------------------------------------------------------
     def _start_post_eval(self, job: TrainJob, plan: TrainingPlan) -> None:

@@ -60,17 +60,19 @@ def new_job_id() -> str:
     return "train-" + uuid.uuid4().hex[:16]
 
 
-def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None) -> TrainingPlan:
+def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+             job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("sft", req.examples, req.dataset, req.dataset_split, req.dataset_path, datasets)
     post_eval = plan_post_eval(req.post_eval, cfg, data, suites, adapters)
     seqs = prepare_sft(data.rows, data.labels, engine.template, engine.tokenizer, cfg.max_seq_len)
     stats = {"sequences": len(seqs), "trained_tokens_per_epoch": sum(s.num_trained for s in seqs),
              "truncated": sum(s.truncated for s in seqs)}
-    return _plan("sft", cfg, SftWork(seqs), data, adapters, stats, post_eval=post_eval)
+    return _plan("sft", cfg, SftWork(seqs), data, adapters, stats, post_eval=post_eval, job_id=job_id)
 
 
-def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None) -> TrainingPlan:
+def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+              job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("grpo", req.groups, req.dataset, req.dataset_split, req.dataset_path, datasets)
     post_eval = plan_post_eval(req.post_eval, cfg, data, suites, adapters)
@@ -84,12 +86,14 @@ def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suite
     if req.reward_scorer is not None:
         stats["reward_scorer"] = req.reward_scorer.model_dump()
     work = GrpoWork(prepared.groups, clip_eps=cfg.clip_epsilon, kl_coeff=cfg.kl_coeff, kl_estimator=cfg.kl_estimator)
-    return _plan("grpo", cfg, work, data, adapters, stats, updates_per_step=cfg.updates_per_step, post_eval=post_eval)
+    return _plan("grpo", cfg, work, data, adapters, stats, updates_per_step=cfg.updates_per_step, post_eval=post_eval,
+                 job_id=job_id)
 
 
 def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork, data: TrainingData, adapters: Any,
-          stats: dict[str, Any], *, updates_per_step: int = 1, post_eval: PostEvalPlan | None = None) -> TrainingPlan:
-    job_id = new_job_id()
+          stats: dict[str, Any], *, updates_per_step: int = 1, post_eval: PostEvalPlan | None = None,
+          job_id: str | None = None) -> TrainingPlan:
+    job_id = job_id or new_job_id()
     lora = _lora_start(cfg, adapters)
     name = _adapter_name(job_type, job_id, cfg, adapters)
     loop = LoopConfig(learning_rate=cfg.learning_rate, epochs=cfg.epochs, batch_size=cfg.batch_size,  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ class CommonConfig(_Strict):
     auto_load: bool = True
     overwrite: bool = False                 # replace an existing adapter named output_name
     webhook_url: str | None = None          # overrides [training] webhook_url for this job
+    checkpoint_interval: int | None = Field(None, ge=0, le=1 << 30)   # steps; overrides [training]; 0 = off
 
     @field_validator("target_modules")
     @classmethod

@@ -16,6 +16,7 @@ from kiln.api.state import ServerState
 from kiln.commands import adapters as cmd
 from kiln.commands.client import ServerClient
 from kiln.config import DataSettings, Settings
+from kiln.store.folder_archive import pack_folder
 from tests.adapters.helpers import save_random
 
 
@@ -100,8 +101,8 @@ def test_parse_source_weights():
     assert cmd.parse_source("a") == {"name": "a", "weight": 1.0}
 
 
-def test_pack_dir_is_flat_and_regular_files_only(tmp_path):
+def test_pack_folder_is_flat_and_regular_files_only(tmp_path):
     (tmp_path / "adapter_config.json").write_text("{}")
     (tmp_path / "link").symlink_to(tmp_path / "adapter_config.json")
-    with tarfile.open(fileobj=io.BytesIO(cmd.pack_dir(tmp_path)), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(pack_folder(tmp_path)), mode="r:gz") as tar:
         assert tar.getnames() == ["adapter_config.json"]

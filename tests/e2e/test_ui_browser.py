@@ -343,11 +343,13 @@ def test_eval_results_show_accuracy_intervals_tags_flips_and_the_report(server, 
     wait(browser, lambda d: "ui-suite" in read(browser, "#eval-detail", lambda e: e.text), what="compare job")
     job_id = api(server, "GET", "/v1/eval/jobs")["jobs"][0]["job_id"]
     assert api(server, "GET", "/v1/eval/jobs")["jobs"][0]["adapters"] == [None, ADAPTER]
-    chart = css(browser, "#accuracy-chart", timeout=90)
+    def both_runs_drawn(d):
+        # the page polls the job: the chart first shows the runs finished so far, then all of them
+        text = read(browser, "#accuracy-chart", lambda e: e.text, timeout=90)
+        return text if "<base>" in text and ADAPTER in text else None
+    wait(browser, both_runs_drawn, 120, "both runs in the accuracy chart")
     result = api(server, "GET", f"/v1/eval/jobs/{job_id}")
     assert result["state"] == "completed"
-    labels = chart.text
-    assert "<base>" in labels and ADAPTER in labels
     rows = css(browser, "#runs-table").text
     for run in result["runs"]:
         assert f"{100 * run['metrics']['accuracy']:.1f}%" in rows

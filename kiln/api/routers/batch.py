@@ -31,5 +31,6 @@ async def batch_completions(request: Request) -> JSONResponse:
         seen.inp, seen.prompts = req.to_input(), req.prompt_dicts()
         engine = state.require_engine()
         batch = prepare_batch(engine, seen.inp, seen.prompts, state.settings.server, started=started)
+        admission = engine.admit([len(pl.prompt_ids) for pl in batch.runnable])
     batch.client_request_id = seen.request_id
-    return JSONResponse(await run_batch(engine, batch))
+    return JSONResponse(await run_batch(engine, batch, admission))

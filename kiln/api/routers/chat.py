@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from kiln.api.errors import parse_body
 from kiln.api.routers.metrics import counting_refusals
@@ -45,7 +46,10 @@ async def chat_completions(request: Request):
         seen.inp = req.to_input()
         engine = state.require_engine()
         prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+        admission = engine.admit([len(prep.prompt_ids)])   # 429 here, before anything is queued
     prep.client_request_id = seen.request_id
     if req.stream:
-        return EventSourceResponse(stream_chat(engine, prep), ping=15, sep="\n", headers=response_headers(state))
-    return JSONResponse(await complete_chat(engine, prep), headers=response_headers(state))
+        # The background task gives the place back should the stream never start (client gone).
+        return EventSourceResponse(stream_chat(engine, prep, admission), ping=15, sep="\n",
+                                   headers=response_headers(state), background=BackgroundTask(admission.release))
+    return JSONResponse(await complete_chat(engine, prep, admission), headers=response_headers(state))

@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from kiln.api.access_log import note_request
 from kiln.api.errors import parse_body, parse_model, read_json_body
-from kiln.api.request_log import note_request
 from kiln.api.routers.metrics import counting_refusals, metrics_for
 from kiln.api.state import get_state
 from kiln.api.wire.compat import (

@@ -28,7 +28,8 @@ async def completions(request: Request) -> JSONResponse:
         engine = state.require_engine()
         ids = prepare_score(engine, ScoreInput(req.prompt, req.prompt_logprobs, req.model, req.add_special_tokens),
                             active_adapter=state.services.active_adapter_name())
-        result = await score_prompt(engine, ids, req.prompt_logprobs, state.settings.server.request_timeout_secs)
+        result = await score_prompt(engine, ids, req.prompt_logprobs, state.settings.server.request_timeout_secs,
+                                    engine.admit([len(ids)]))
     metrics = metrics_for(state)
     if metrics is not None:
         metrics.finished("ok", now() - started)

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kiln.api.request_log import current_request_id, new_request_id
+from kiln.api.access_log import current_request_id, new_request_id
 from kiln.api.services import ensure_recorder
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import resolve_budget

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln import __version__
+from kiln.api.auth import redacted_settings
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.engine.serving import sampling_dict
@@ -124,7 +125,7 @@ async def effective_config(request: Request) -> JSONResponse:
     settings = state.settings
     engine = state.engine
     body: dict[str, Any] = {
-        "settings": settings.to_dict(),
+        "settings": redacted_settings(settings),
         "thinking_budget": ServerBudgetDefaults.from_settings(settings.server).to_dict(),
         "default_thinking_enabled": settings.server.default_thinking_enabled,
         "model": None,

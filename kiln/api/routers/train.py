@@ -23,7 +23,7 @@ from kiln.train.errors import CODE, PREFIX
 from kiln.train.manager import TrainingManager
 from kiln.train.plan import plan_grpo, plan_sft
 from kiln.train.requests import GrpoRequest, SftRequest
-from kiln.train.submission import submit_training
+from kiln.train.submission import resume_training, submit_training
 
 router = APIRouter(tags=["training"])
 
@@ -46,10 +46,12 @@ async def _body(request: Request) -> Any:
 async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResponse:
     state = get_state(request)
     manager = _manager(request)
-    req = parse_model(model, await _body(request), code=CODE, prefix=PREFIX)
+    body = await _body(request)
+    req = parse_model(model, body, code=CODE, prefix=PREFIX)
     engine = state.require_engine()
     return JSONResponse(await submit_training(manager, req, planner, engine, ensure_adapters(state),
-                                              state.services.datasets, state.services.eval_suites))
+                                              state.services.datasets, state.services.eval_suites,
+                                              request_body=body if isinstance(body, dict) else None))
 
 
 @router.post("/v1/train/sft")
@@ -61,6 +63,14 @@ async def train_sft(request: Request) -> JSONResponse:
 @router.post("/v1/training/grpo", include_in_schema=False)
 async def train_grpo(request: Request) -> JSONResponse:
     return await _submit(request, GrpoRequest, plan_grpo)
+
+
+@router.post("/v1/train/jobs/{job_id}/resume")
+async def resume(request: Request, job_id: str) -> JSONResponse:
+    state = get_state(request)
+    return JSONResponse(await resume_training(_manager(request), job_id, state.require_engine(),
+                                              ensure_adapters(state), state.services.datasets,
+                                              state.services.eval_suites))
 
 
 @router.get("/v1/train/status")

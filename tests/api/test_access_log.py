@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import kiln.api.app as app_module
-from kiln.api.request_log import (
+from kiln.api.access_log import (
     ACCESS_LOGGER,
     HEADER,
     JsonFormatter,
