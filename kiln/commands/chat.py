@@ -17,9 +17,9 @@ def register(sub) -> None:
     p.add_argument("-m", "--message", help="send one message, print the reply and exit")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--adapter", help="adapter to use ('' for the base model; default: the server's active one)")
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="sampling seed, for replies that repeat (default: random)")
     p.add_argument("--show-reasoning", action="store_true", help="print reasoning_content too")
     p.set_defaults(func=_run)
 
