@@ -61,7 +61,12 @@ def _run(args) -> int:
                 body[key] = getattr(args, key)
         if args.adapter is not None:
             body["adapter"] = args.adapter
-        messages.append({"role": "assistant", "content": _stream_reply(client, body, args.show_reasoning)})
+        try:
+            reply = _stream_reply(client, body, args.show_reasoning)
+        except BaseException:
+            messages.pop()   # a turn that got no answer is not part of the conversation
+            raise
+        messages.append({"role": "assistant", "content": reply})
 
     try:
         if args.message is not None:
@@ -75,7 +80,13 @@ def _run(args) -> int:
                 return 0
             if not line.strip():
                 return 0
-            ask(line)
+            try:
+                ask(line)
+            except ServerError as e:   # one failed turn does not end the session: say why, keep going
+                e.print()
+            except httpx.ConnectError:
+                ServerError(0, f"cannot reach a Kiln server at {args.url}",
+                            "Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.").print()
     except httpx.ConnectError:
         ServerError(0, f"cannot reach a Kiln server at {args.url}",
                     "Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.").print()
