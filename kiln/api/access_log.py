@@ -26,7 +26,7 @@ HEADER = "x-request-id"
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 ACCESS_LOGGER = "kiln.access"
 # Fields an access line may carry, in the order the text format prints them.
-NOTE_FIELDS = ("model", "adapter", "prompt_tokens", "completion_tokens", "ttft_ms", "finish_reason")
+NOTE_FIELDS = ("model", "adapter", "prompt_tokens", "completion_tokens", "ttft_ms", "finish_reason", "error")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kiln.api.access_log import note_request
 from kiln.errors import KilnError
 from kiln.store.strict_json import loads_strict
 
@@ -26,6 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def error_response(err: KilnError) -> JSONResponse:
+    note_request(error=err.code)   # the access line says which error, not only the status
     return JSONResponse(err.to_body(), status_code=err.status, headers=err.headers)
 
 
