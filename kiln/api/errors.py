@@ -56,10 +56,25 @@ def validation_error_to_kiln(exc: ValidationError | RequestValidationError, code
 
 def parse_model(model: type[M], data: Any, *, code: str = "invalid_request", prefix: str = "") -> M:
     """Validate a decoded JSON body into `model`, raising a 400 KilnError that names the field."""
+    if not isinstance(data, dict):   # pydantic would say "Input should be a valid dictionary or instance of X"
+        raise KilnError(400, code, f"{prefix}the request body must be a JSON object, not {_json_kind(data)}",
+                        hint="Send the fields as one JSON object, e.g. {\"messages\": [...]}.")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error_to_kiln(exc, code, prefix) from None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
 
 
 async def read_json_body(request: Request, *, code: str = "invalid_request", prefix: str = "",
