@@ -121,3 +121,17 @@ def test_configure_logging_json_writes_one_object_per_line(capsys):
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_the_gguf_writers_narration_stays_out_of_the_info_log():
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        configure_logging("info")
+        assert not logging.getLogger("gguf.gguf_writer").isEnabledFor(logging.INFO)
+        assert logging.getLogger("gguf.gguf_writer").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("kiln.train").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.getLogger("gguf").setLevel(logging.NOTSET)
