@@ -7,6 +7,7 @@ registers a callback in `callbacks`; it receives the LoadedAdapter to apply, or 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from kiln.adapters.compat import CompatibilityReport, check_compatibility, model_spec_from_config
 from kiln.adapters.store import AdapterStore, LoadedAdapter
 from kiln.errors import KilnError
+
+log = logging.getLogger("kiln.adapters")
 
 SwapCallback = Callable[[LoadedAdapter | None], None]
 
@@ -51,7 +54,10 @@ class ActiveAdapter:
             if not self.store.exists(name):  # deleted while we validated
                 self.store.require(name)
             self._notify(loaded, f"loading adapter {name!r}", "adapter_load_failed")
+            before = self.name or "the base model"
             self.name, self.revision = name, loaded.content_sha256
+        log.info("serving adapter %s (revision %s) by default, instead of %s", name,
+                 (loaded.content_sha256 or "?").removeprefix("sha256:")[:12], before)
         out: dict[str, Any] = {"status": "loaded", "name": name, "content_sha256": loaded.content_sha256}
         if report is not None:
             out["compatibility"] = report.to_dict()
@@ -60,7 +66,9 @@ class ActiveAdapter:
     def unload(self) -> dict[str, Any]:
         with self.lock:
             self._notify(None, "reverting to the base model", "adapter_unload_failed")
-            self.name = self.revision = None
+            before, self.name, self.revision = self.name, None, None
+        if before is not None:
+            log.info("serving the base model by default, instead of adapter %s", before)
         return {"status": "unloaded"}
 
     def _notify(self, loaded: LoadedAdapter | None, what: str, code: str) -> None:

@@ -33,6 +33,17 @@ def test_callbacks_receive_the_adapter_then_none_on_unload(active):
     assert seen == ["a", None] and active.name is None
 
 
+def test_each_change_of_the_default_adapter_is_logged(active, caplog):
+    with caplog.at_level("INFO", logger="kiln.adapters"):
+        active.load("a")
+        active.unload()
+        active.unload()   # already on the base model: nothing changed, nothing to say
+    lines = [r.getMessage() for r in caplog.records if r.name == "kiln.adapters"]
+    revision = active.store.content_hash("a").removeprefix("sha256:")[:12]
+    assert lines == [f"serving adapter a (revision {revision}) by default, instead of the base model",
+                     "serving the base model by default, instead of adapter a"]
+
+
 def test_failed_swap_keeps_the_previous_state(active):
     def boom(_):
         raise RuntimeError("cuda oom")
