@@ -26,7 +26,7 @@ HEADER = "x-request-id"
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 ACCESS_LOGGER = "kiln.access"
 # Fields an access line may carry, in the order the text format prints them.
-NOTE_FIELDS = ("model", "adapter", "prompt_tokens", "completion_tokens", "ttft_ms", "finish_reason")
+NOTE_FIELDS = ("model", "adapter", "prompt_tokens", "completion_tokens", "ttft_ms", "finish_reason", "error")
 
 
 @dataclass
@@ -161,3 +161,6 @@ def configure_logging(level: str, fmt: str = "text") -> None:
         lg.propagate = True
     # Kiln writes its own access line (with the request id and the generation's numbers).
     logging.getLogger("uvicorn.access").disabled = True
+    # gguf's writer narrates every export at INFO ("This GGUF file is for Little Endian only", the
+    # temporary .part path); the export's own response says what was written.
+    logging.getLogger("gguf").setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)

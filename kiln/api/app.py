@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from kiln import __version__
 from kiln.api.access_log import RequestIdMiddleware
 from kiln.api.auth import install_auth
+from kiln.api.docs import install_docs, swagger_static_dir
 from kiln.api.errors import install_error_handlers
 from kiln.api.openapi import install_openapi
 from kiln.api.shutdown import DrainMiddleware
@@ -39,7 +40,13 @@ ROUTER_MODULES = [
 
 
 def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
-    app = FastAPI(title="Kiln", version=__version__, description="Serve a model; make it better while it serves.")
+    swagger = swagger_static_dir()
+    # /docs from this server's own Swagger UI files when they are installed (FastAPI's loads a CDN);
+    # no /redoc, which has no offline copy.
+    app = FastAPI(title="Kiln", version=__version__, description="Serve a model; make it better while it serves.",
+                  docs_url=None if swagger is not None else "/docs", redoc_url=None)
+    if swagger is not None:
+        install_docs(app, swagger)
     app.state.kiln = state or ServerState(settings=settings)
     install_error_handlers(app)
     install_auth(app, settings)

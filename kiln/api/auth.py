@@ -25,6 +25,7 @@ from typing import Any
 from kiln.config import ConfigError, Settings
 from kiln.errors import KilnError
 
+DOCS_STATIC = "/docs/static"
 OPEN_PATHS = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico"})
 UI_PREFIX, UI_API_PREFIX = "/ui", "/ui/api"
 
@@ -67,6 +68,8 @@ class ApiKeyMiddleware:
 
     def needs_key(self, path: str) -> bool:
         if path in OPEN_PATHS or (path == "/metrics" and not self.protect_metrics):
+            return False
+        if path.startswith(DOCS_STATIC + "/"):   # Swagger UI's own files (kiln.api.docs), like /docs itself
             return False
         in_ui = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
         in_ui_api = path == UI_API_PREFIX or path.startswith(UI_API_PREFIX + "/")

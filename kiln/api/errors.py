@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kiln.api.access_log import note_request
 from kiln.errors import KilnError
 from kiln.store.strict_json import loads_strict
 
@@ -26,6 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def error_response(err: KilnError) -> JSONResponse:
+    note_request(error=err.code)   # the access line says which error, not only the status
     return JSONResponse(err.to_body(), status_code=err.status, headers=err.headers)
 
 
@@ -54,10 +56,25 @@ def validation_error_to_kiln(exc: ValidationError | RequestValidationError, code
 
 def parse_model(model: type[M], data: Any, *, code: str = "invalid_request", prefix: str = "") -> M:
     """Validate a decoded JSON body into `model`, raising a 400 KilnError that names the field."""
+    if not isinstance(data, dict):   # pydantic would say "Input should be a valid dictionary or instance of X"
+        raise KilnError(400, code, f"{prefix}the request body must be a JSON object, not {_json_kind(data)}",
+                        hint="Send the fields as one JSON object, e.g. {\"messages\": [...]}.")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error_to_kiln(exc, code, prefix) from None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
 
 
 async def read_json_body(request: Request, *, code: str = "invalid_request", prefix: str = "",

@@ -52,6 +52,10 @@ class ServerState:
         s = self.services
         if self._engine is not None and s.adapter_store is not None:
             self._engine.attach_adapters(s.adapter_store, s.adapter_compose_cache, s.adapters_active)
+            if s.adapters_active is not None:
+                from kiln.adapters.active import model_spec_for
+
+                s.adapters_active.restore(model_spec_for(self._engine))
 
     # -- kiln.engine.serving.CompletionObserver: fan out to the services that observe completions ---
     def completion_started(self) -> None:

@@ -28,23 +28,26 @@ def register(sub) -> None:
     a = action("list", "list saved adapters and the active one", _list)
     a.add_argument("--json", action="store_true", help="print the raw JSON response")
     a = action("load", "make a saved adapter the server's default", _load)
-    a.add_argument("name")
+    a.add_argument("name", help="a stored adapter (kiln adapters list)")
     action("unload", "revert the server to the base model", _unload)
     a = action("upload", "upload an adapter folder or .tar.gz", _upload)
     a.add_argument("name", help="name to store the adapter under")
     a.add_argument("path", help="PEFT adapter folder, or a .tar.gz of one")
     a = action("download", "download an adapter as .tar.gz", _download)
-    a.add_argument("name")
+    a.add_argument("name", help="a stored adapter")
     a.add_argument("-o", "--output", help="output file (default: ./<name>.tar.gz; '-' for stdout)")
     a = action("merge", "merge saved adapters into a new one", _merge)
-    a.add_argument("output_name")
+    a.add_argument("output_name", help="name of the merged adapter to create")
     a.add_argument("sources", nargs="+", metavar="NAME[:WEIGHT]", help="source adapters (weight default 1)")
-    a.add_argument("--mode", choices=["weighted_average", "ties", "concat"], default=None)
+    a.add_argument("--mode", choices=["weighted_average", "ties", "concat"], default=None,
+                   help="weighted_average (default): the weighted sum of same-rank factors (weights not normalized); "
+                   "ties: TIES merging (--density); concat: the factors stacked, any ranks, exactly the weighted "
+                   "sum of the deltas")
     a.add_argument("--density", type=float, default=None, help="ties only: fraction of values kept (0, 1]")
     a = action("delete", "delete a saved adapter", _delete)
-    a.add_argument("name")
+    a.add_argument("name", help="a stored adapter (not the active one: unload it first)")
     a = action("export", "export an adapter for vLLM / PEFT (a PEFT folder) or llama.cpp (a LoRA GGUF)", _export)
-    a.add_argument("name")
+    a.add_argument("name", help="a stored adapter")
     a.add_argument("dir", help="output folder: the PEFT files go in it, the GGUF is written as DIR/NAME.gguf")
     a.add_argument("--format", choices=["peft", "gguf"], default="peft",
                    help="peft (default): adapter_config.json naming the real base model + safetensors; "

@@ -17,9 +17,9 @@ def register(sub) -> None:
     p.add_argument("-m", "--message", help="send one message, print the reply and exit")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--adapter", help="adapter to use ('' for the base model; default: the server's active one)")
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="sampling seed, for replies that repeat (default: random)")
     p.add_argument("--show-reasoning", action="store_true", help="print reasoning_content too")
     p.set_defaults(func=_run)
 
@@ -61,7 +61,12 @@ def _run(args) -> int:
                 body[key] = getattr(args, key)
         if args.adapter is not None:
             body["adapter"] = args.adapter
-        messages.append({"role": "assistant", "content": _stream_reply(client, body, args.show_reasoning)})
+        try:
+            reply = _stream_reply(client, body, args.show_reasoning)
+        except BaseException:
+            messages.pop()   # a turn that got no answer is not part of the conversation
+            raise
+        messages.append({"role": "assistant", "content": reply})
 
     try:
         if args.message is not None:
@@ -75,7 +80,13 @@ def _run(args) -> int:
                 return 0
             if not line.strip():
                 return 0
-            ask(line)
+            try:
+                ask(line)
+            except ServerError as e:   # one failed turn does not end the session: say why, keep going
+                e.print()
+            except httpx.ConnectError:
+                ServerError(0, f"cannot reach a Kiln server at {args.url}",
+                            "Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.").print()
     except httpx.ConnectError:
         ServerError(0, f"cannot reach a Kiln server at {args.url}",
                     "Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.").print()

@@ -64,6 +64,19 @@ class ServerClient:
         return self.request("DELETE", path, **kw).json()
 
 
+# rich squeezes a table into 80 columns when stdout is a pipe or a file (no terminal to measure), which
+# cuts ids, states and numbers to "compl…"; a table printed there gets this width instead.
+PIPED_TABLE_WIDTH = 200
+
+
+def table_console():
+    """The console tables print to: the terminal's width, or PIPED_TABLE_WIDTH when stdout is not one."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_TABLE_WIDTH)
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 

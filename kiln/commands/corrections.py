@@ -7,11 +7,16 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from rich.console import Console
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, ServerError, add_url_argument, run_client_command
-from kiln.commands.train_follow import EXIT_HELP, follow, report
+from kiln.commands.client import (
+    ServerClient,
+    ServerError,
+    add_url_argument,
+    run_client_command,
+    table_console,
+)
+from kiln.commands.train_follow import follow, report
 
 
 def register(sub) -> None:
@@ -28,27 +33,27 @@ def register(sub) -> None:
     add.add_argument("--system", help="a system message before --prompt")
     add.add_argument("--messages", help="instead of an id: a JSON file holding the conversation")
     add.add_argument("--prompt-index", type=int, help="which prompt of a batch request")
-    add.add_argument("--note")
+    add.add_argument("--note", help="free text kept with the correction")
     add.set_defaults(func=lambda a: run_client_command(_add, a))
 
     ls = cmds.add_parser("list", help="list corrections, newest first")
-    ls.add_argument("--state", choices=["pending", "trained", "all"], default="all")
+    ls.add_argument("--state", choices=["pending", "trained", "all"], default="all", help="which corrections (default all)")
     ls.add_argument("--json", action="store_true", help="print the raw JSON response")
     ls.set_defaults(func=lambda a: run_client_command(_list, a))
 
     show = cmds.add_parser("show", help="print one correction as JSON")
-    show.add_argument("correction_id")
+    show.add_argument("correction_id", help="a correction id (corr-...)")
     show.set_defaults(func=lambda a: run_client_command(_show, a))
 
     rm = cmds.add_parser("delete", help="delete a correction")
-    rm.add_argument("correction_id")
+    rm.add_argument("correction_id", help="a correction id (corr-...)")
     rm.set_defaults(func=lambda a: run_client_command(_delete, a))
 
     train = cmds.add_parser(
         "train", help="train the pending corrections into an adapter and follow the job",
         description="Queue an SFT job on the pending corrections (the server fills a recipe that makes a few "
         "facts stick: many epochs at a high LoRA rate; by default it continues the active adapter and "
-        "activates the result). " + EXIT_HELP)
+        "activates the result). Exit status: 0 when the job completed, 1 when it failed or was cancelled.")
     train.add_argument("-o", "--output-name", help="the adapter to write (default corrections-<timestamp>)")
     train.add_argument("--config", help="more SFT config as a JSON object, e.g. '{\"epochs\": 20}'")
     train.add_argument("--from-base", action="store_true", help="start from the base model, not the active adapter")
@@ -60,7 +65,7 @@ def register(sub) -> None:
     ex = cmds.add_parser("export", help="write the corrections as sft_chat rows, or as a server dataset")
     ex.add_argument("-o", "--output", help="a local JSONL file ('-' for stdout)")
     ex.add_argument("--dataset", help="instead: create this dataset on the server")
-    ex.add_argument("--state", choices=["pending", "trained", "all"], default="all")
+    ex.add_argument("--state", choices=["pending", "trained", "all"], default="all", help="which corrections (default all)")
     ex.set_defaults(func=lambda a: run_client_command(_export, a))
 
     for parser in (add, ls, show, rm, train, ex):
@@ -117,7 +122,7 @@ def _list(client: ServerClient, args) -> int:
         user = next((m for m in reversed(c["messages"]) if m.get("role") == "user"), c["messages"][-1])
         table.add_row(c["id"], c["state"], _text(user, 40), _text(c.get("original"), 30), _text(c["corrected"], 30),
                       c.get("trained_into") or "", c["created_at"])
-    Console().print(table)
+    table_console().print(table)
     counts = body["counts"]
     print(f"{counts['pending']} pending, {counts['trained']} trained")
     return 0

@@ -19,6 +19,7 @@ from kiln.commands.client import (
     print_json,
     printed_json,
     run_client_command,
+    table_console,
 )
 
 # Below this size an upload finishes before a progress bar would be worth drawing.
@@ -30,23 +31,23 @@ def register(sub) -> None:
     cmds = p.add_subparsers(dest="datasets_command", metavar="ACTION", required=True)
 
     up = cmds.add_parser("upload", help="upload a JSONL (or JSON array) file as a named dataset")
-    up.add_argument("name")
-    up.add_argument("file", type=Path)
+    up.add_argument("name", help="dataset name (one path segment, e.g. support-v1)")
+    up.add_argument("file", type=Path, help="local JSONL file (or a JSON array), one row per line")
     up.add_argument("--format", default="sft_chat", help="sft_chat|sft|grpo_groups|grpo|raw (default sft_chat)")
-    up.add_argument("--description")
+    up.add_argument("--description", help="free text shown by `kiln datasets list`")
     up.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     up.set_defaults(func=lambda a: run_client_command(_upload, a))
 
     ls = add_list_command(cmds, _list, "list datasets, newest first")
 
     show = cmds.add_parser("show", help="print a dataset manifest, optionally with its first rows")
-    show.add_argument("name")
+    show.add_argument("name", help="dataset name")
     show.add_argument("--rows", type=int, metavar="N", help="also print the first N rows")
     show.add_argument("--split", choices=["train", "validation", "holdout"], help="rows from one partition")
     show.set_defaults(func=lambda a: run_client_command(_show, a))
 
     sp = cmds.add_parser("split", help="show the split, or re-split with a new seed or percentages")
-    sp.add_argument("name")
+    sp.add_argument("name", help="dataset name")
     sp.add_argument("--seed", help="unsigned 64-bit seed")
     sp.add_argument("--train", type=int, dest="train_percent", help="train percent (1-98)")
     sp.add_argument("--validation", type=int, dest="validation_percent", help="validation percent (0-98)")
@@ -54,7 +55,7 @@ def register(sub) -> None:
     sp.set_defaults(func=lambda a: run_client_command(_split, a))
 
     rm = cmds.add_parser("delete", help="delete a dataset")
-    rm.add_argument("name")
+    rm.add_argument("name", help="dataset name")
     rm.set_defaults(func=lambda a: run_client_command(_delete, a))
 
     for parser in (up, ls, show, sp, rm):
@@ -120,7 +121,7 @@ def _list(client: ServerClient, args) -> int:
         c = m["split_counts"]
         table.add_row(m["name"], m["format"], str(m["num_rows"]), str(c["train"]), str(c["validation"]),
                       str(c["holdout"]), m["updated_at"], m.get("description") or "")
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 

@@ -22,7 +22,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, ServerError, add_url_argument, printed_json, run_client_command
+from kiln.commands.client import (
+    ServerClient,
+    ServerError,
+    add_url_argument,
+    printed_json,
+    run_client_command,
+    table_console,
+)
 from kiln.errors import KilnError
 
 POLL_SECONDS = 0.5
@@ -47,46 +54,48 @@ def register(sub) -> None:
     run.set_defaults(func=_run_entry)
 
     cmp = cmds.add_parser("compare", help="run a registered suite against several adapters (\"\" = base)")
-    cmp.add_argument("suite")
-    cmp.add_argument("adapters", nargs="+", metavar="ADAPTER")
-    cmp.add_argument("--seed")
-    cmp.add_argument("--no-follow", action="store_true")
-    cmp.add_argument("--json", action="store_true")
+    cmp.add_argument("suite", help="a registered suite name")
+    cmp.add_argument("adapters", nargs="+", metavar="ADAPTER",
+                     help="targets to compare, the first is the baseline (\"\" = the base model)")
+    cmp.add_argument("--seed", help="job seed (unsigned 64-bit; default: random)")
+    cmp.add_argument("--no-follow", action="store_true", help="submit and print the job id without waiting")
+    cmp.add_argument("--json", action="store_true", help="print the EvalResult JSON instead of tables")
     cmp.set_defaults(func=lambda a: run_client_command(_compare, a))
 
     jobs = cmds.add_parser("jobs", help="list eval jobs, newest first")
-    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--json", action="store_true", help="print the raw JSON response")
     jobs.set_defaults(func=lambda a: run_client_command(_jobs, a))
 
     show = cmds.add_parser("show", help="print a job's summary (or its EvalResult JSON)")
-    show.add_argument("job")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("job", help="an eval job id (eval-...)")
+    show.add_argument("--json", action="store_true", help="print the EvalResult JSON instead of tables")
     show.set_defaults(func=lambda a: run_client_command(_show, a))
 
     rep = cmds.add_parser("report", help="write a self-contained HTML report of a job or a saved result file")
-    rep.add_argument("job", metavar="JOB_OR_FILE")
-    rep.add_argument("-o", "--output", type=Path, default=Path("report.html"))
+    rep.add_argument("job", metavar="JOB_OR_FILE", help="an eval job id, or an EvalResult JSON file (as `kiln eval run` saves one)")
+    rep.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="HTML file to write (default report.html)")
     rep.set_defaults(func=_report_entry)
 
     cancel = cmds.add_parser("cancel", help="cancel a queued/running job, or delete a finished one")
-    cancel.add_argument("job")
+    cancel.add_argument("job", help="an eval job id")
     cancel.set_defaults(func=lambda a: run_client_command(_cancel, a))
 
     rerun = cmds.add_parser("rerun", help="re-run a job's failing examples")
-    rerun.add_argument("job")
-    rerun.add_argument("--adapter")
-    rerun.add_argument("--seed")
-    rerun.add_argument("--kinds", nargs="+", choices=["pass", "fail", "invalid", "error"])
-    rerun.add_argument("--include-pass", action="store_true")
-    rerun.add_argument("--no-follow", action="store_true")
-    rerun.add_argument("--json", action="store_true")
+    rerun.add_argument("job", help="an eval job id")
+    rerun.add_argument("--adapter", help="run them on this adapter (default: the job's first; \"\" = base)")
+    rerun.add_argument("--seed", help="job seed (default: the original job's)")
+    rerun.add_argument("--kinds", nargs="+", choices=["pass", "fail", "invalid", "error"],
+                       help="which outcomes to re-run (default: fail invalid error)")
+    rerun.add_argument("--include-pass", action="store_true", help="re-run the passing examples too")
+    rerun.add_argument("--no-follow", action="store_true", help="submit and print the job id without waiting")
+    rerun.add_argument("--json", action="store_true", help="print the EvalResult JSON instead of tables")
     rerun.set_defaults(func=lambda a: run_client_command(_rerun, a))
 
     replay = cmds.add_parser("replay", help="strictly replay a completed run and report matched/mismatch")
-    replay.add_argument("job")
-    replay.add_argument("--run-index", type=int, default=0)
-    replay.add_argument("--no-follow", action="store_true")
-    replay.add_argument("--json", action="store_true")
+    replay.add_argument("job", help="a completed eval job id")
+    replay.add_argument("--run-index", type=int, default=0, help="which run of the job to replay (default 0)")
+    replay.add_argument("--no-follow", action="store_true", help="submit and print the job id without waiting")
+    replay.add_argument("--json", action="store_true", help="print the EvalResult JSON instead of tables")
     replay.set_defaults(func=lambda a: run_client_command(_replay, a))
 
     for parser in (run, cmp, jobs, show, rep, cancel, rerun, replay):
@@ -147,7 +156,7 @@ def _finish(args, result: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        print_summary(Console(), result)
+        print_summary(table_console(), result)
     return 0 if result.get("state") == "completed" else 1
 
 
@@ -317,7 +326,7 @@ def _jobs(client: ServerClient, args) -> int:
         table.add_row(j["job_id"], j["suite_name"], ", ".join(a or "<base>" for a in j["adapters"]) + kind,
                       j["state"], f"{p['examples_completed']}/{p['examples_total']}",
                       "-" if acc is None else f"{100 * acc:.1f}%", j["submitted_at_iso"][:19].replace("T", " "))
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 
@@ -326,7 +335,7 @@ def _show(client: ServerClient, args) -> int:
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        print_summary(Console(), result)
+        print_summary(table_console(), result)
     return 0
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from rich.console import Console
 from rich.table import Table
 
 from kiln.commands.client import (
@@ -16,6 +15,7 @@ from kiln.commands.client import (
     add_url_argument,
     printed_json,
     run_client_command,
+    table_console,
 )
 
 
@@ -24,19 +24,19 @@ def register(sub) -> None:
     cmds = p.add_subparsers(dest="judgments_command", metavar="ACTION", required=True)
 
     create = cmds.add_parser("create", help="create an empty judgment set")
-    create.add_argument("name")
-    create.add_argument("--description")
+    create.add_argument("name", help="judgment set name (one path segment)")
+    create.add_argument("--description", help="free text shown by `kiln judgments list`")
     create.set_defaults(func=lambda a: run_client_command(_create, a))
 
     ls = add_list_command(cmds, _list, "list judgment sets")
 
     append = cmds.add_parser("append", help="append judgments (from flags, or a JSON / JSONL file of bodies)")
-    append.add_argument("name")
+    append.add_argument("name", help="judgment set name")
     _judgment_arguments(append)
     append.set_defaults(func=lambda a: run_client_command(_append, a))
 
     rm = cmds.add_parser("delete", help="delete a judgment set, or one row of it with --row")
-    rm.add_argument("name")
+    rm.add_argument("name", help="judgment set name")
     rm.add_argument("--row", metavar="ID", help="delete only the judgment with this id")
     rm.set_defaults(func=lambda a: run_client_command(_delete, a))
 
@@ -45,14 +45,14 @@ def register(sub) -> None:
     render.set_defaults(func=lambda a: run_client_command(_render, a))
 
     comp = cmds.add_parser("compile", help="compile a judgment set into an sft_chat dataset")
-    comp.add_argument("name")
+    comp.add_argument("name", help="judgment set name")
     comp.add_argument("--output", required=True, dest="output_dataset", help="name of the dataset to create")
     comp.add_argument("--holdout-n", type=int, help="most recent judgments kept out (default min(20, rows/5))")
-    comp.add_argument("--include-skips", action="store_true")
+    comp.add_argument("--include-skips", action="store_true", help="also consider judgments marked skip")
     comp.set_defaults(func=lambda a: run_client_command(_compile, a))
 
     val = cmds.add_parser("validate", help="queue a held-out validation eval of a judge adapter")
-    val.add_argument("name")
+    val.add_argument("name", help="judgment set name")
     val.add_argument("--adapter", required=True, help="the judge adapter to score (\"\" = the base model)")
     val.add_argument("--holdout-n", type=int, help="how many of the most recent judgments to score (default 20)")
     val.set_defaults(func=lambda a: run_client_command(_validate, a))
@@ -65,14 +65,14 @@ def _judgment_arguments(p) -> None:
     p.add_argument("--file", type=Path, help="JSON object, JSON array or JSONL of AppendJudgmentBody")
     p.add_argument("--prompt", help="the user message both replies answer")
     p.add_argument("--system", help="an optional system message before --prompt")
-    p.add_argument("--response-a")
-    p.add_argument("--response-b")
-    p.add_argument("--winner", choices=["a", "b", "tie", "skip"])
+    p.add_argument("--response-a", help="reply A")
+    p.add_argument("--response-b", help="reply B")
+    p.add_argument("--winner", choices=["a", "b", "tie", "skip"], help="which reply is better")
     p.add_argument("--id", help="row id (default: a UUID assigned by the server)")
-    p.add_argument("--adapter-a")
-    p.add_argument("--adapter-b")
-    p.add_argument("--note")
-    p.add_argument("--tag", action="append", default=[], dest="tags")
+    p.add_argument("--adapter-a", help="the adapter that wrote reply A (\"\" or omitted = the base model)")
+    p.add_argument("--adapter-b", help="the adapter that wrote reply B")
+    p.add_argument("--note", help="why; a compiled row carries it as its Reason: line")
+    p.add_argument("--tag", action="append", default=[], dest="tags", help="a tag for the row (repeatable)")
 
 
 def _q(segment: str) -> str:
@@ -119,7 +119,7 @@ def _list(client: ServerClient, args) -> int:
         h = m["winner_histogram"]
         table.add_row(m["name"], str(m["num_rows"]), *(str(h.get(k, 0)) for k in ("a", "b", "tie", "skip")),
                       str(m.get("last_compiled_split", "-")), m["updated_at"], m.get("description") or "")
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 

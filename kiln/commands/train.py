@@ -16,10 +16,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from rich.console import Console
 from rich.table import Table
 
-from kiln.commands.client import ServerClient, ServerError, add_url_argument, printed_json, run_client_command
+from kiln.commands.client import (
+    ServerClient,
+    ServerError,
+    add_url_argument,
+    printed_json,
+    run_client_command,
+    table_console,
+)
 from kiln.commands.train_follow import EXIT_HELP, TERMINAL, follow, report
 
 
@@ -37,7 +43,7 @@ def register(sub) -> None:
     _common_args(grpo)
     grpo.add_argument("--kl-coeff", type=float, help="KL penalty coefficient (default 0.1)")
     grpo.add_argument("--clip-epsilon", type=float, help="ratio clip epsilon (default 0.2)")
-    grpo.add_argument("--kl-estimator", choices=("k3", "k1", "none"))
+    grpo.add_argument("--kl-estimator", choices=("k3", "k1", "none"), help="KL estimator against the frozen policy (default k3)")
     grpo.add_argument("--reward-scorer", metavar="JSON",
                       help='score completions with an eval scorer, e.g. \'{"kind": "exact_match"}\'')
     grpo.add_argument("--target", help="with --reward-scorer: the target for groups without their own")
@@ -48,17 +54,17 @@ def register(sub) -> None:
     status.add_argument("--follow", "-f", action="store_true",
                         help="follow the job with a progress bar until it ends and its post-training gate decides")
     _require_pass_arg(status)
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="print the raw JSON response")
     add_url_argument(status)
     status.set_defaults(func=lambda a: run_client_command(_status, a))
 
     queue = cmds.add_parser("queue", help="show the running and queued jobs")
-    queue.add_argument("--json", action="store_true")
+    queue.add_argument("--json", action="store_true", help="print the raw JSON response")
     add_url_argument(queue)
     queue.set_defaults(func=lambda a: run_client_command(_queue, a))
 
     cancel = cmds.add_parser("cancel", help="cancel a queued job, or stop a running one at its next step")
-    cancel.add_argument("job_id")
+    cancel.add_argument("job_id", help="a training job id (train-...)")
     add_url_argument(cancel)
     cancel.set_defaults(func=lambda a: run_client_command(_cancel, a))
 
@@ -74,15 +80,16 @@ def _common_args(p) -> None:
     p.add_argument("--output", "-o", dest="output_name", help="adapter name to create (default: generated)")
     p.add_argument("--base-adapter", help="continue training this adapter")
     p.add_argument("--overwrite", action="store_true", help="replace an existing adapter named --output")
-    p.add_argument("--rank", dest="lora_rank", type=int)
-    p.add_argument("--alpha", dest="lora_alpha", type=float)
+    p.add_argument("--rank", dest="lora_rank", type=int, help="LoRA rank (default 16)")
+    p.add_argument("--alpha", dest="lora_alpha", type=float, help="LoRA alpha; the delta is scaled by alpha/rank (default 32)")
     p.add_argument("--target-modules", help="comma-separated projections (default: all attention and MLP)")
-    p.add_argument("--lr", dest="learning_rate", type=float)
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int)
-    p.add_argument("--max-seq-len", type=int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--lr", dest="learning_rate", type=float, help="learning rate (default 1e-4 for SFT, 1e-5 for GRPO)")
+    p.add_argument("--epochs", type=int, help="passes over the data (default 3 for SFT, 1 for GRPO)")
+    p.add_argument("--batch-size", type=int, help="rows per optimizer step (default 1)")
+    p.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int,
+                   help="batches accumulated per optimizer step (default 1)")
+    p.add_argument("--max-seq-len", type=int, help="longer rows are truncated to this many tokens (default 2048)")
+    p.add_argument("--seed", type=int, help="seed for initialisation and shuffling (default 0)")
     p.add_argument("--no-auto-load", action="store_true", help="do not make the new adapter the server default")
     p.add_argument("--webhook-url", help="POST the job's terminal state here")
     p.add_argument("--no-follow", action="store_true", help="submit and print the job id without waiting")
@@ -232,7 +239,7 @@ def _status(client: ServerClient, args) -> int:
         table.add_row(j["job_id"], j["job_type"], j["state"], f"{100 * j['progress']:.0f}%",
                       "-" if loss is None else f"{loss:.4f}", j["adapter_name"], j.get("gate_outcome") or "-",
                       j["submitted_at"])
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 

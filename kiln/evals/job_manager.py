@@ -17,6 +17,7 @@ from typing import Any
 
 from kiln.errors import KilnError
 from kiln.evals.admission import AdmissionContext, admit_run, judge_targets_for
+from kiln.evals.compare import adapter_label
 from kiln.evals.generator import Generator
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.jobs import EvalJob
@@ -104,6 +105,8 @@ class EvalJobManager:
         self.store.save(job)
         self.jobs[job.job_id] = job
         self._queue.append(job.job_id)
+        log.info("queued %s eval job %s: suite %s (%d examples) on %s", job.submission_kind, job.job_id,
+                 job.suite.name, len(job.suite.examples), ", ".join(adapter_label(a) for a in job.adapters))
         if self._wake is not None:
             self._wake.set()
         with contextlib.suppress(RuntimeError):  # no running loop: the next request starts the worker
@@ -176,6 +179,7 @@ class EvalJobManager:
                 job.replay_verdict = self._verdict(job)
             self._save(job)
             self._active = self._stop = None
+            log.info("%s", job_summary(job))
             self._finished(job)
 
     async def _run_adapters(self, job: EvalJob, stop: asyncio.Event) -> None:
@@ -220,3 +224,15 @@ class EvalJobManager:
             self.store.save(job)
         except OSError as e:
             log.error("cannot archive eval job %s: %s", job.job_id, e)
+
+
+def job_summary(job: EvalJob) -> str:
+    """The log line of a finished job: its state and each run's accuracy (`... completed: <base> 75.0%, v2 100.0%`)."""
+    runs = ", ".join(f"{adapter_label(r.get('adapter'))} {100 * r['metrics']['accuracy']:.1f}%"
+                     f" of {r['metrics']['num_examples']}" for r in job.runs)
+    line = f"eval job {job.job_id} ({job.suite.name}) {job.state}" + (f": {runs}" if runs else "")
+    if job.error:
+        line += f" - {job.error}"
+    if job.replay_verdict:
+        line += f"; replay {job.replay_verdict.get('status')}"
+    return line

@@ -54,7 +54,11 @@ export async function render(root, ctx) {
           h("td", {}, fmtTime(r.created)),
           h("td", {}, h("code", { title: r.request_id || "" }, String(r.id || r.request_id || "").slice(0, 18)), r.streamed ? h("div", { class: "muted small" }, "streamed") : null),
           h("td", {}, adapterText(r.adapter ?? r.adapters)),
-          h("td", { class: "preview-cell" }, h("div", { class: "small" }, r.prompt_preview ?? r.prompt ?? ""), h("div", { class: "small muted" }, `→ ${r.completion_preview ?? r.completion ?? ""}`)),
+          h("td", { class: "preview-cell" }, h("div", { class: "small" }, r.prompt_preview ?? r.prompt ?? ""),
+            // a request that failed or was refused says why, where its answer would be
+            r.error && !(r.completion_preview ?? r.completion)
+              ? h("div", { class: "small bad-text request-error" }, `✕ ${r.error}`)
+              : h("div", { class: "small muted" }, `→ ${r.completion_preview ?? r.completion ?? ""}`)),
           h("td", {}, `${pt ?? "?"} / ${ct ?? "?"}`),
           h("td", {}, ms(r.duration_ms ?? (r.duration_s !== undefined ? r.duration_s * 1000 : r.duration))),
           h("td", {}, ms(r.ttft_ms ?? r.ttft)),

@@ -33,6 +33,17 @@ def test_callbacks_receive_the_adapter_then_none_on_unload(active):
     assert seen == ["a", None] and active.name is None
 
 
+def test_each_change_of_the_default_adapter_is_logged(active, caplog):
+    with caplog.at_level("INFO", logger="kiln.adapters"):
+        active.load("a")
+        active.unload()
+        active.unload()   # already on the base model: nothing changed, nothing to say
+    lines = [r.getMessage() for r in caplog.records if r.name == "kiln.adapters"]
+    revision = active.store.content_hash("a").removeprefix("sha256:")[:12]
+    assert lines == [f"serving adapter a (revision {revision}) by default, instead of the base model",
+                     "serving the base model by default, instead of adapter a"]
+
+
 def test_failed_swap_keeps_the_previous_state(active):
     def boom(_):
         raise RuntimeError("cuda oom")
@@ -67,3 +78,39 @@ def test_model_spec_comes_from_the_engine_config():
 
     assert model_spec_for(None) is None
     assert model_spec_for(Engine()) == MODEL_SPEC
+
+
+def test_a_new_holder_on_the_same_store_restores_the_last_loaded_adapter(active):
+    active.load("a")
+    again = ActiveAdapter(active.store)
+    assert again.restore() == "a"
+    assert again.name == "a" and again.revision == active.store.content_hash("a")
+
+
+def test_after_an_unload_a_restart_serves_the_base_model(active):
+    active.load("a")
+    active.unload()
+    again = ActiveAdapter(active.store)
+    assert again.restore() is None and again.name is None
+
+
+def test_a_remembered_adapter_that_is_gone_is_not_restored(active, caplog):
+    active.load("a")
+    active.store.delete("a")
+    again = ActiveAdapter(active.store)
+    with caplog.at_level("WARNING", logger="kiln.adapters"):
+        assert again.restore() is None
+    assert again.name is None and "not restoring" in caplog.text
+
+
+def test_a_remembered_adapter_that_no_longer_fits_the_model_is_not_restored(active):
+    active.load("a")
+    spec = copy.deepcopy(MODEL_SPEC)
+    spec["modules"]["q_proj"]["out_features"] = 4
+    again = ActiveAdapter(active.store)
+    assert again.restore(spec) is None and again.name is None
+
+
+def test_a_torn_state_file_means_the_base_model(active):
+    (active.store.root / ".active.json").write_text('{"name": "a"')
+    assert ActiveAdapter(active.store).restore() is None

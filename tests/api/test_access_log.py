@@ -93,6 +93,14 @@ def test_errors_get_an_access_line_with_their_status(app, lines):
     assert access[-1]["http_status"] == 404 and access[-1]["request_id"] == "r404"
 
 
+def test_an_error_access_line_names_the_error_code(app, lines):
+    TestClient(app).get("/nope", headers={HEADER: "r404"})
+    TestClient(app).post("/v1/models", headers={HEADER: "r405"})
+    access = {x["request_id"]: x for x in lines() if x["logger"] == ACCESS_LOGGER}
+    assert access["r404"]["error"] == "not_found" and access["r404"]["message"].endswith(" error=not_found")
+    assert access["r405"]["error"] == "method_not_allowed"
+
+
 def test_access_log_can_be_turned_off(tmp_path, monkeypatch, lines):
     monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.system"])
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)), server=ServerSettings(access_log=False))
@@ -113,3 +121,17 @@ def test_configure_logging_json_writes_one_object_per_line(capsys):
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_the_gguf_writers_narration_stays_out_of_the_info_log():
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        configure_logging("info")
+        assert not logging.getLogger("gguf.gguf_writer").isEnabledFor(logging.INFO)
+        assert logging.getLogger("gguf.gguf_writer").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("kiln.train").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.getLogger("gguf").setLevel(logging.NOTSET)

@@ -72,6 +72,12 @@ def test_the_dashboards_static_files_stay_open_so_the_page_can_ask_for_a_key():
     assert mw.needs_key("/v1/chat/completions") and mw.needs_key("/compat/ollama/api/chat")
 
 
+def test_the_api_docs_and_their_swagger_files_stay_open():
+    mw = ApiKeyMiddleware(None, ["k"])
+    assert not mw.needs_key("/docs") and not mw.needs_key("/docs/static/swagger-ui-bundle.js")
+    assert mw.needs_key("/docs/staticx") and mw.needs_key("/docsx")
+
+
 def test_the_dashboard_page_loads_without_a_key_but_its_api_calls_need_one(tmp_path):
     c = make_client(tmp_path, api_keys=KEY)
     assert c.get("/", follow_redirects=False).status_code in (302, 307)

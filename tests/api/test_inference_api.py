@@ -133,6 +133,13 @@ def test_number_too_large_for_a_double_is_rejected_naming_the_field(client):
     assert_error(r, 400, "chat_invalid_request", "temperature")
 
 
+@pytest.mark.parametrize("body,kind", [(b"[]", "an array"), (b'"hi"', "a string"), (b"null", "null")])
+def test_a_body_that_is_not_an_object_is_rejected_saying_so(client, body, kind):
+    r = client.post("/v1/chat/completions", content=body)
+    assert_error(r, 400, "chat_invalid_request", None)
+    assert r.json()["error"]["message"].endswith(f"the request body must be a JSON object, not {kind}")
+
+
 def test_nan_literal_is_rejected(client):
     r = client.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "x"}], "top_p": NaN}')
     assert r.status_code == 400

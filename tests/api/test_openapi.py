@@ -81,3 +81,14 @@ def test_swagger_ui_is_served(tmp_path):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
     client = TestClient(create_app(settings, ServerState(settings=settings)))
     assert client.get("/docs").status_code == 200
+
+
+def test_swagger_ui_loads_nothing_from_another_host(tmp_path):
+    settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
+    client = TestClient(create_app(settings, ServerState(settings=settings)))
+    page = client.get("/docs").text
+    assert not re.findall(r"https?://", page), "the docs page reaches outside the server"
+    assets = re.findall(r"""(?:src|href)=["']?(/docs/static/[^"' >]+)""", page)
+    assert {a.rsplit("/", 1)[1] for a in assets} >= {"swagger-ui-bundle.js", "swagger-ui.css"}
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset

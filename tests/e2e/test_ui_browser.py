@@ -457,7 +457,7 @@ def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browse
                           "thinking_tokens": 8, "thinking_time_ms": 30}),
                record(1, {**limited, "applied": True, "triggered": False, "closed": True, "thinking_tokens": 3,
                           "thinking_time_ms": 9}),
-               record(2, limited, status="rejected"),  # refused before the budget applied
+               {**record(2, limited, status="rejected"), "error": "Adapter 'nope' not found."},  # refused before the budget applied
                record(3, unconfigured)]
     stand_in({"GET /v1/stats/recent-requests": {"object": "list", "data": records}})
     open_page(browser, server, "requests", "#recent-table")
@@ -470,6 +470,7 @@ def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browse
     assert "no budget" in text[3]
     assert "question 0" in text[0] and "answer 0" in text[0] and "tone" in text[0] and "10 / 5" in text[0]
     assert "rejected" in text[2] and "12 / 0" in text[2]
+    assert "Adapter 'nope' not found." in text[2]   # a refused request says why
     shoot(browser, "requests-with-records")
 
 

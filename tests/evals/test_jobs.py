@@ -48,6 +48,21 @@ def test_a_run_scores_every_example_and_completes(tmp_path):
     assert "progress" not in result and "error" not in result
 
 
+def test_a_job_logs_when_it_is_queued_and_how_it_ended(tmp_path, caplog):
+    async def main():
+        manager, _ = make_manager(tmp_path)
+        manager.ensure_started()
+        job = submit(manager, {"suite": "math", "seed": 1})
+        await wait_until(lambda: job.terminal)
+        return job
+
+    with caplog.at_level("INFO", logger="kiln.evals"):
+        job = run(main())
+    lines = [r.getMessage() for r in caplog.records if r.name == "kiln.evals"]
+    assert f"queued on_demand eval job {job.job_id}: suite math (3 examples) on <base>" in lines
+    assert f"eval job {job.job_id} (math) completed: <base> 66.7% of 3" in lines
+
+
 def test_a_run_sends_all_its_examples_to_the_generator_together(tmp_path):
     async def main():
         manager, gen = make_manager(tmp_path)
