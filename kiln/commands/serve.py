@@ -181,6 +181,9 @@ def _run(args) -> int:
     server = _server_class(uvicorn)(uvicorn_config(settings, app), state)
 
     def load() -> None:
+        from kiln.train.loop import warm_up_imports
+
+        threading.Thread(target=warm_up_imports, name="kiln-train-warm", daemon=True).start()
         try:
             state.engine = build_engine(settings)
             state.attach_adapters()

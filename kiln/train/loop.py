@@ -28,6 +28,13 @@ from torch import Tensor
 from kiln.model.lora import LoraDelta
 
 
+def warm_up_imports() -> None:
+    """Import what torch's optimizers import lazily on their first `step()` (its compiler, torch._dynamo:
+    ~1.5 s on 2 cores), so a server's first training step does not pay it. `kiln serve` runs this on a
+    thread of its own while the weights load."""
+    import torch._dynamo  # noqa: F401
+
+
 class Work(Protocol):
     @property
     def items(self) -> Sequence[Any]: ...
@@ -109,8 +116,10 @@ def run_loop(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: Loo
              should_stop: Callable[[], bool] | None = None,
              resume: LoopState | None = None, checkpoint_every: int = 0,
              on_checkpoint: Callable[[LoopState], None] | None = None,
-             should_pause: Callable[[], bool] | None = None) -> list[StepReport]:
-    """Run the remaining steps (all of them, or those after `resume`); returns this call's reports."""
+             should_pause: Callable[[], bool] | None = None,
+             before_step: Callable[[], None] | None = None) -> list[StepReport]:
+    """Run the remaining steps (all of them, or those after `resume`); returns this call's reports.
+    `before_step` runs before each step (the executor re-decides its CPU threads there)."""
     items = list(work.items)
     params = [p for p in lora.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -137,6 +146,8 @@ def run_loop(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: Loo
                 last_checkpoint = step
             if pause:
                 raise Paused()
+            if before_step is not None:
+                before_step()
             step = _run_batch(model, lora, work, cfg, opt, params, [items[i] for i in batches[b]], epoch, step,
                               total, started, reports, on_step, should_stop)
     opt.zero_grad(set_to_none=True)
