@@ -47,7 +47,7 @@ from kiln.adapters.peft_format import (
 from kiln.errors import KilnError
 from kiln.store.atomic import atomic_write_json, fsync_path
 from kiln.store.names import name_problem, validate_name
-from kiln.store.sweep import remove_path
+from kiln.store.sweep import remove_path, sweep_temp_files
 
 NAME_CODE = "invalid_adapter_name"
 STALE_STAGING_SECS = 6 * 3600
@@ -338,6 +338,8 @@ class AdapterStore:
                 if entry.startswith(SCRATCH):
                     remove_path(path)
                     done.append(f"removed {path}")
+            # the default adapter's record (active.py) is written atomically beside the adapters
+            done.extend(sweep_temp_files(self.root))
         return done
 
 

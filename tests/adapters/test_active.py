@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from kiln.adapters.active import ActiveAdapter, model_spec_for
+from kiln.adapters.active import STATE_FILE, ActiveAdapter, model_spec_for
 from kiln.adapters.store import AdapterStore
 from kiln.errors import KilnError
 from tests.adapters.helpers import MODEL_SPEC, TINY, save_random
@@ -114,3 +114,14 @@ def test_a_remembered_adapter_that_no_longer_fits_the_model_is_not_restored(acti
 def test_a_torn_state_file_means_the_base_model(active):
     (active.store.root / ".active.json").write_text('{"name": "a"')
     assert ActiveAdapter(active.store).restore() is None
+
+
+def test_the_startup_sweep_removes_a_torn_write_of_the_default_adapter_record(tmp_path):
+    store = AdapterStore(tmp_path / "adapters")
+    store.root.mkdir(parents=True)
+    torn = store.root / f".{STATE_FILE}.abc123.tmp"
+    torn.write_text("{")
+    kept = store.root / STATE_FILE
+    kept.write_text('{"name": null}')
+    assert any(str(torn) in line for line in store.sweep())
+    assert not torn.exists() and kept.exists()

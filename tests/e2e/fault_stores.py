@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import torch
 
+from kiln.adapters.active import STATE_FILE
+
 OK = (200, 201)
 QUESTION = [{"role": "user", "content": "What is the capital of Zorbania?"}]
 
@@ -274,11 +276,12 @@ def drivers(model_dir: Path, data_dir: Path) -> list[StoreDriver]:
 
 
 def scratch_left(data_dir: Path) -> list[str]:
-    """Entries that only a write in progress may leave: hidden names (but the lock folders) and *.tmp."""
+    """Entries that only a write in progress may leave: hidden names (but the lock folders and the
+    committed record of the default adapter) and *.tmp."""
     out = []
     for path in data_dir.rglob("*"):
         parts = path.relative_to(data_dir).parts
-        if ".locks" in parts:
+        if ".locks" in parts or parts == ("adapters", STATE_FILE):
             continue
         if path.name.startswith(".") or path.name.endswith(".tmp"):
             out.append(str(path.relative_to(data_dir)))
