@@ -90,10 +90,12 @@ def uvicorn_config(settings, app):
     import uvicorn
 
     # log_config=None: uvicorn's loggers go through the handler configure_logging installed, and Kiln
-    # writes its own access line (with the request id and the generation's numbers)
+    # writes its own access line (with the request id and the generation's numbers). lifespan="off":
+    # the app has no startup/shutdown handlers (start and drain are Kiln's own, kiln/api/lifecycle.py),
+    # and uvicorn's lifespan task, cancelled at exit, logged a CancelledError traceback on every stop.
     return uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                           log_level=settings.server.log_level, timeout_graceful_shutdown=5,
-                          log_config=None, access_log=False)
+                          log_config=None, access_log=False, lifespan="off")
 
 
 def _warn_if_exposed(settings) -> None:
