@@ -31,15 +31,20 @@ def test_final_hidden_gives_forward_dense_logits_with_and_without_padding(tiny_m
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def lora_grads(model, ids, checkpoint_layers):
+    lora = lora_with_weights(model)
+    final_hidden(model, ids, None, lora, checkpoint_layers=checkpoint_layers).square().sum().backward()
+    return [p.grad.clone() for p in lora.parameters()]
+
+
+def assert_same_grads(a, b):
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+
+
 def test_checkpointed_layers_give_the_same_gradients(tiny_model):
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
-    grads = []
-    for checkpointed in (True, False):
-        lora = lora_with_weights(tiny_model)
-        final_hidden(tiny_model, ids, None, lora, checkpoint_layers=checkpointed).square().sum().backward()
-        grads.append([p.grad.clone() for p in lora.parameters()])
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert_same_grads(lora_grads(tiny_model, ids, True), lora_grads(tiny_model, ids, False))
 
 
 def test_small_batches_keep_every_layer_and_big_ones_recompute_only_what_the_budget_requires(tiny_model):
@@ -63,13 +68,7 @@ def test_a_partly_checkpointed_forward_gives_the_same_gradients(tiny_model, monk
     # room for one layer's activations: the first layer is recomputed, the second kept
     monkeypatch.setattr(forward, "ACTIVATION_BUDGET_BYTES", ids.numel() * saved_bytes_per_token(tiny_model.config))
     assert checkpointed_layers(tiny_model.config, ids.numel()) == tiny_model.config.num_hidden_layers - 1
-    grads = []
-    for checkpointed in (None, False):
-        lora = lora_with_weights(tiny_model)
-        final_hidden(tiny_model, ids, None, lora, checkpoint_layers=checkpointed).square().sum().backward()
-        grads.append([p.grad.clone() for p in lora.parameters()])
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert_same_grads(lora_grads(tiny_model, ids, None), lora_grads(tiny_model, ids, False))
 
 
 def test_target_logprobs_are_the_trained_positions_of_the_full_log_softmax(tiny_model):
