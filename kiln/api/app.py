@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 
 from fastapi import FastAPI
 
@@ -39,7 +40,9 @@ ROUTER_MODULES = [
 ]
 
 
-def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
+def create_app(settings: Settings, state: ServerState | None = None,
+               routers: Sequence[str] | None = None) -> FastAPI:
+    """The server's app; `routers` (module names, default ROUTER_MODULES) mounts a subset, as tests do."""
     swagger = swagger_static_dir()
     # /docs from this server's own Swagger UI files when they are installed (FastAPI's loads a CDN);
     # no /redoc, which has no offline copy.
@@ -50,7 +53,7 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app.state.kiln = state or ServerState(settings=settings)
     install_error_handlers(app)
     install_auth(app, settings)
-    for name in ROUTER_MODULES:
+    for name in ROUTER_MODULES if routers is None else routers:
         module = importlib.import_module(name)
         init = getattr(module, "init", None)
         if init is not None:

@@ -28,8 +28,7 @@ def store(tmp_path, monkeypatch):
     state.services.adapter_store = s
     save_random(s, "a", r=2, alpha=4, modules=["q_proj"], seed=1)
     save_random(s, "b", r=2, alpha=4, modules=["q_proj"], seed=2)
-    monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.adapters"])
-    app = app_module.create_app(settings, state)
+    app = app_module.create_app(settings, state, routers=["kiln.api.routers.adapters"])
 
     def fake_init(self, url, timeout=600.0):
         self.url = url

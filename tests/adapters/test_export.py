@@ -109,9 +109,8 @@ def cli(tmp_path, monkeypatch, store):
     state = ServerState(settings=settings)
     state.services.adapter_store = store
     state.engine = SimpleNamespace(info=SimpleNamespace(config=_config("llama")))
-    monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.adapters",
-                                                       "kiln.api.routers.adapter_export"])
-    app = app_module.create_app(settings, state)
+    app = app_module.create_app(settings, state, routers=["kiln.api.routers.adapters",
+                                                          "kiln.api.routers.adapter_export"])
 
     def fake_init(self, url, timeout=600.0):
         self.url = url

@@ -24,9 +24,8 @@ from kiln.config import DataSettings, ServerSettings, Settings
 
 @pytest.fixture
 def app(tmp_path, monkeypatch):
-    monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.system"])
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
-    app = app_module.create_app(settings, ServerState(settings=settings))
+    app = app_module.create_app(settings, ServerState(settings=settings), routers=["kiln.api.routers.system"])
 
     @app.get("/_noted")
     def noted():
@@ -102,9 +101,9 @@ def test_an_error_access_line_names_the_error_code(app, lines):
 
 
 def test_access_log_can_be_turned_off(tmp_path, monkeypatch, lines):
-    monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.system"])
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)), server=ServerSettings(access_log=False))
-    TestClient(app_module.create_app(settings, ServerState(settings=settings))).get("/v1/models")
+    app = app_module.create_app(settings, ServerState(settings=settings), routers=["kiln.api.routers.system"])
+    TestClient(app).get("/v1/models")
     assert not [x for x in lines() if x["logger"] == ACCESS_LOGGER]
 
 

@@ -38,8 +38,7 @@ def store(state):
 @pytest.fixture
 def client(state, monkeypatch):
     # Only this router: the test must not depend on other routers being importable.
-    monkeypatch.setattr(app_module, "ROUTER_MODULES", ["kiln.api.routers.adapters"])
-    return TestClient(app_module.create_app(state.settings, state))
+    return TestClient(app_module.create_app(state.settings, state, routers=["kiln.api.routers.adapters"]))
 
 
 def assert_error(resp, status, code):

@@ -4,14 +4,10 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
 
-import kiln.api.app as app_module
-from kiln.api.state import ServerState
-from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
+from tests.api.tiny_server import tiny_server
 
 ROUTERS = ["kiln.api.routers.system", "kiln.api.routers.chat", "kiln.api.routers.completions",
            "kiln.api.routers.metrics", "kiln.api.routers.adapters", "kiln.api.routers.compat"]
@@ -20,23 +16,8 @@ URL = "/compat/v1/completions"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_engine
-    from kiln.testing.tiny import make_tiny_model
-
-    root = tmp_path_factory.mktemp("compat-api")
-    model = make_tiny_model(root / "tiny", arch="llama", init_std=0.3)
-    settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="tiny"),
-                        data=DataSettings(data_dir=str(root / "data")),
-                        engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
-    state = ServerState(settings=settings)
-    state.engine = build_engine(settings)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(app_module, "ROUTER_MODULES", ROUTERS)
-    app = app_module.create_app(settings, state)
-    mp.undo()
-    state.attach_adapters()
-    yield SimpleNamespace(client=TestClient(app), state=state)
-    state.engine.shutdown()
+    with tiny_server(tmp_path_factory.mktemp("compat-api"), ROUTERS, attach_adapters=True) as served:
+        yield served
 
 
 @pytest.fixture

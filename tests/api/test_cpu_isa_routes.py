@@ -40,10 +40,7 @@ def test_health_and_config_show_the_isa_the_setting_chose(tiny_model, isa):
     with kernels.using_isa("auto"):   # restore this process's ISA afterwards
         state.engine = build_engine(settings)
         try:
-            mp = pytest.MonkeyPatch()
-            mp.setattr(app_module, "ROUTER_MODULES", ROUTERS)
-            client = TestClient(app_module.create_app(settings, state))
-            mp.undo()
+            client = TestClient(app_module.create_app(settings, state, routers=ROUTERS))
             assert client.get("/health").json()["cpu_isa"] == isa
             config = client.get("/v1/config").json()
             assert config["settings"]["engine"]["cpu_isa"] == isa

@@ -10,14 +10,11 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
 
-import kiln.api.app as app_module
-from kiln.api.state import ServerState
-from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
 from kiln.store.atomic import canonical_json
 from kiln.store.hashing import sha256_tagged
 from kiln.testing.schemas import validate
+from tests.api.tiny_server import tiny_server
 
 INF = "kiln-inference-v1.schema.json"
 MSG = [{"role": "user", "content": "Write a short line about the sea."}]
@@ -28,22 +25,8 @@ ROUTERS = ["kiln.api.routers.system", "kiln.api.routers.chat", "kiln.api.routers
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_engine
-    from kiln.testing.tiny import make_tiny_model
-
-    root = tmp_path_factory.mktemp("inference-api")
-    model = make_tiny_model(root / "tiny", arch="llama", init_std=0.3)
-    settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="tiny"),
-                        data=DataSettings(data_dir=str(root / "data")),
-                        engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
-    state = ServerState(settings=settings)
-    state.engine = build_engine(settings)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(app_module, "ROUTER_MODULES", ROUTERS)
-    app = app_module.create_app(settings, state)
-    mp.undo()
-    yield SimpleNamespace(client=TestClient(app), state=state, settings=settings, model=model)
-    state.engine.shutdown()
+    with tiny_server(tmp_path_factory.mktemp("inference-api"), ROUTERS) as served:
+        yield served
 
 
 @pytest.fixture
