@@ -13,9 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from kiln.api.wire.common import U64_MAX
 
-PREFIX = "Invalid completion request: "
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
-MAX_PROMPTS = 256
 MAX_N = 16
 
 
