@@ -6,6 +6,7 @@ through the API, and screenshotted at 1280 px and at phone width (390 px) under 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -19,6 +20,9 @@ from .conftest import RunningServer, start_server, stop_server
 from .test_adapters_server import _peft_archive
 
 REASON = browser_unavailable()
+# CI sets KILN_REQUIRE_BROWSER=1 (.ci/run): there a missing browser fails the run instead of skipping.
+if REASON is not None and os.environ.get("KILN_REQUIRE_BROWSER") == "1":
+    raise RuntimeError(f"KILN_REQUIRE_BROWSER=1 but no browser: {REASON}")
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=f"no browser: {REASON}")]
 
 ADAPTER = "tone"          # uploaded through the API, for the compare and eval checks
@@ -369,7 +373,6 @@ def test_data_page_shows_datasets_splits_and_the_judgment_histogram(server, brow
     api(server, "POST", "/v1/eval/datasets/upload", data={"name": "sums", "format": "sft_chat"},
         files={"file": ("rows.jsonl", rows.encode())})
     open_page(browser, server, "data?judgment=ui-votes", "#winner-histogram")
-    assert 'tr[data-dataset="sums"]'
     sums = css(browser, 'tr[data-dataset="sums"]').text
     counts = api(server, "GET", "/v1/eval/datasets/sums")["split_counts"]
     assert f"{counts['train']} train / {counts['validation']} validation / {counts['holdout']} holdout" in sums
