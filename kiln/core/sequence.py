@@ -58,10 +58,6 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def is_prefilling(self) -> bool:
-        return self.num_remaining > 1
-
-    @property
     def prompt_computed(self) -> bool:
         return self.num_computed_tokens >= self.num_prompt_tokens
 

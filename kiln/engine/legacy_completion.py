@@ -20,6 +20,7 @@ from kiln.core.sampling import SamplingParams
 from kiln.engine.actor import GenerationRequest
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.scoring import prompt_logprob_entries
+from kiln.engine.serving import Admission
 from kiln.errors import KilnError
 
 
@@ -47,10 +48,26 @@ class LegacyPlan:
     adapter: AdapterTarget | None = None
     request_id: str = field(default_factory=lambda: "cmpl-" + uuid.uuid4().hex)
 
+    def admission_tokens(self) -> list[int]:
+        """What `Engine.admit` is asked for: one place per generating prompt, holding its prompt tokens;
+        a request that only scores (every max_tokens 0) takes one place for all of its prompts."""
+        generating = [len(p.ids) for p, m in zip(self.prompts, self.max_tokens, strict=True) if m > 0]
+        return generating or [sum(len(p.ids) for p in self.prompts)]
 
-async def run_legacy_completion(engine: Any, plan: LegacyPlan, *, timeout_s: float) -> dict[str, Any]:
-    """The response body minus `model` (which the caller names): choices in prompt-major order."""
-    outs = await _generate(engine, plan)
+
+async def run_legacy_completion(engine: Any, plan: LegacyPlan, *, timeout_s: float,
+                                admission: Admission | None = None) -> dict[str, Any]:
+    """The response body minus `model` (which the caller names): choices in prompt-major order.
+    `admission` (from `Engine.admit(plan.admission_tokens())`) is given back when the body is done."""
+    try:
+        return await _complete(engine, plan, timeout_s, admission)
+    finally:
+        if admission is not None:
+            admission.release()
+
+
+async def _complete(engine: Any, plan: LegacyPlan, timeout_s: float, admission: Admission | None) -> dict[str, Any]:
+    outs = await _generate(engine, plan, admission if any(m > 0 for m in plan.max_tokens) else None)
     choices = []
     completion_tokens = 0
     for p_index, prompt in enumerate(plan.prompts):
@@ -69,7 +86,7 @@ async def run_legacy_completion(engine: Any, plan: LegacyPlan, *, timeout_s: flo
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-async def _generate(engine: Any, plan: LegacyPlan) -> list[list[LegacyChoiceOut]]:
+async def _generate(engine: Any, plan: LegacyPlan, admission: Admission | None) -> list[list[LegacyChoiceOut]]:
     outs = [[LegacyChoiceOut() for _ in range(plan.n)] for _ in plan.prompts]
     requests: list[GenerationRequest] = []
     index: list[int] = []
@@ -83,7 +100,7 @@ async def _generate(engine: Any, plan: LegacyPlan) -> list[list[LegacyChoiceOut]
         index.append(i)
     if not requests:
         return outs
-    async for r, ev in engine.submit(requests):
+    async for r, ev in engine.submit(requests, admission):
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         out = outs[index[r]][ev.index]

@@ -179,3 +179,25 @@ def test_a_vanishing_temperature_is_greedy_not_a_failed_step(client):
     greedy = client.post(URL, json={**req, "temperature": 0}).json()["choices"][0]["text"]
     tiny = client.post(URL, json={**req, "temperature": 2.4e-163})
     assert tiny.status_code == 200 and tiny.json()["choices"][0]["text"] == greedy
+
+
+def test_legacy_completions_pass_the_admission_gate_and_give_their_places_back(served):
+    from kiln.core.admission import AdmissionGate
+
+    engine = served.state.engine
+    saved = engine.admission
+    try:
+        engine.admission = AdmissionGate(1, 0)
+        held = engine.admission.admit([3])   # one request already waiting fills the gate
+        full = served.client.post(URL, json={"prompt": "hello", "max_tokens": 2, "temperature": 0})
+        assert full.status_code == 429 and full.json()["error"]["code"] == "inference_queue_full"
+        assert full.headers["retry-after"]
+        for t in held:
+            engine.admission.done(t)
+        for body in ({"prompt": "hello", "max_tokens": 2, "temperature": 0},
+                     {"prompt": [[5, 6, 7]], "max_tokens": 0, "echo": True, "logprobs": 1}):
+            ok = served.client.post(URL, json=body)
+            assert ok.status_code == 200, ok.text
+            assert engine.admission.waiting == 0 and engine.admission.queued_tokens == 0
+    finally:
+        engine.admission = saved

@@ -46,5 +46,5 @@ def tiny_model(tiny_dir):
 
 @pytest.fixture
 def engine_view(tokenizer, qwen_template):
-    """What planning needs from a ServingEngine: the tokenizer and the chat template."""
+    """What planning needs from the serving Engine: the tokenizer and the chat template."""
     return SimpleNamespace(tokenizer=tokenizer, template=qwen_template)

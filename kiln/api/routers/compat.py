@@ -85,7 +85,9 @@ async def legacy_completions(request: Request) -> JSONResponse:
         engine = state.require_engine()
         plan, model_id = prepare_legacy(engine, req, state.services.adapter_store,
                                         state.settings.server.eval_mode)
-        result = await run_legacy_completion(engine, plan, timeout_s=state.settings.server.request_timeout_secs)
+        admission = engine.admit(plan.admission_tokens())   # 429 here, before anything is queued
+        result = await run_legacy_completion(engine, plan, timeout_s=state.settings.server.request_timeout_secs,
+                                             admission=admission)
     usage = result["usage"]
     note_request(model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
                  prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
