@@ -1,7 +1,9 @@
 """Bounded admission (issue 19.2): how much work may wait for the engine before new work is refused.
 
 A request waits from the moment it is admitted until its first event comes back (prefill done, or its
-score computed); while waiting it holds its prompt tokens (times its choices) against the token limit.
+score computed); while waiting it holds its prompt tokens against the token limit, once however many
+choices it asks for (the other choices wait for the first to compute the prompt and share it through
+the prefix cache, kiln/core/scheduler.py).
 Past either limit a new request is refused before anything is queued -- the caller answers 429 with
 Retry-After -- but a request is always admitted when nothing waits, so one larger than a limit still
 runs alone rather than never. Everything admitted runs to completion: the gate only says no up front.
