@@ -58,3 +58,20 @@ def import_lora_modules(store: AdapterStore, specs: list[str]) -> list[str]:
         verb = "imported" if imported else "already stored:"
         lines.append(f"lora module {verb} {name} <- {path} ({info.content_sha256})")
     return lines
+
+
+def import_lora_path(store: AdapterStore, name: str, lora_path: str | None, *, allow_external: bool) -> None:
+    """vLLM's `/v1/load_lora_adapter` path rule: no `lora_path`, or the stored adapter's own folder,
+    loads what is stored; any other folder is imported under `name` only when the operator allows
+    it (`server.allow_external_lora_paths`), else 403 `lora_path_not_allowed`."""
+    path = store.path(name, param="lora_name")
+    if not lora_path or Path(lora_path).resolve() == path.resolve():
+        return
+    if not allow_external:
+        raise KilnError(403, "lora_path_not_allowed",
+                        "lora_path outside the adapter directory is not allowed on this server.",
+                        param="lora_path",
+                        hint="Upload the adapter (POST /v1/adapters/upload) and load it by lora_name, or "
+                        "start the server with server.allow_external_lora_paths = true "
+                        "(KILN_SERVER_ALLOW_EXTERNAL_LORA_PATHS=1).")
+    import_adapter_folder(store, name, lora_path)

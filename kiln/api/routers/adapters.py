@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -24,8 +23,8 @@ from starlette.types import Message, Receive
 
 from kiln.adapters.active import ActiveAdapter, model_spec_for
 from kiln.adapters.archive import import_error
-from kiln.adapters.compat import check_compatibility
-from kiln.adapters.importing import import_adapter_folder
+from kiln.adapters.detail import adapter_detail_body
+from kiln.adapters.importing import import_lora_path
 from kiln.adapters.merge import merge_adapters
 from kiln.adapters.peft_format import RECEIPT_FILE
 from kiln.adapters.store import NAME_CODE, AdapterStore
@@ -107,40 +106,7 @@ async def list_adapters(request: Request) -> dict[str, Any]:
 async def adapter_detail(name: str, request: Request) -> dict[str, Any]:
     store, active = _store(request), _active(request)
     engine = get_state(request).engine
-    return await run_in_threadpool(_detail, store, name, active.name, model_spec_for(engine))
-
-
-def _detail(store: AdapterStore, name: str, active_name: str | None, model_spec: dict | None) -> dict[str, Any]:
-    out = store.info(name).to_dict()
-    out["active"] = name == active_name
-    try:
-        loaded = store.load_adapter(name)
-    except KilnError as e:
-        if e.status != 400:
-            raise
-        out["layout_error"] = e.message
-        return out
-    cfg = loaded.config
-    modules: dict[str, list[int]] = {}
-    for layer, module in sorted(loaded.modules):
-        modules.setdefault(module, []).append(layer)
-    out.update({
-        "config": cfg.raw,
-        "rank": cfg.r,
-        "lora_alpha": cfg.lora_alpha,
-        "use_rslora": cfg.use_rslora,
-        "target_modules": list(cfg.target_modules) if isinstance(cfg.target_modules, tuple) else cfg.target_modules,
-        "dtype": loaded.dtype,
-        "num_tensors": loaded.num_tensors,
-        "num_layers": len({layer for layer, _ in loaded.modules}),
-        "modules": modules,
-    })
-    if model_spec is not None:
-        try:
-            out["compatibility"] = check_compatibility(loaded, model_spec).to_dict()
-        except KilnError as e:
-            out["compatibility"] = {"compatible": False, "error": e.message}
-    return out
+    return await run_in_threadpool(adapter_detail_body, store, name, active.name, model_spec_for(engine))
 
 
 @router.get("/v1/adapters/{name}/receipt")
@@ -261,17 +227,8 @@ async def vllm_load(request: Request) -> dict[str, Any]:
     prefix = "Invalid LoRA load request: "
     body = parse_model(VllmLoadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
                        code=NAME_CODE, prefix=prefix)
-    store = _store(request)
-    path = store.path(body.lora_name, param="lora_name")
-    if body.lora_path and Path(body.lora_path).resolve() != path.resolve():
-        if not get_state(request).settings.server.allow_external_lora_paths:
-            raise KilnError(403, "lora_path_not_allowed",
-                            "lora_path outside the adapter directory is not allowed on this server.",
-                            param="lora_path",
-                            hint="Upload the adapter (POST /v1/adapters/upload) and load it by lora_name, or "
-                            "start the server with server.allow_external_lora_paths = true "
-                            "(KILN_SERVER_ALLOW_EXTERNAL_LORA_PATHS=1).")
-        await run_in_threadpool(import_adapter_folder, store, body.lora_name, body.lora_path)
+    allow = get_state(request).settings.server.allow_external_lora_paths
+    await run_in_threadpool(import_lora_path, _store(request), body.lora_name, body.lora_path, allow_external=allow)
     return await _load(request, body.lora_name)
 
 
