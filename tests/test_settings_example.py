@@ -133,7 +133,7 @@ def _scoring_timeout(s: Settings) -> str:
 
 
 def _stalls(s: Settings) -> float:
-    from kiln.api.routers.metrics import KilnMetrics
+    from kiln.api.metrics import KilnMetrics
     from kiln.engine.chat_response import FinishedCompletion
     from kiln.engine.timing import RequestTimeline, TokenRecord
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from kiln.adapters.active import ActiveAdapter
     from kiln.adapters.compose import CompositionCache
     from kiln.adapters.store import AdapterStore
-    from kiln.api.routers.metrics import KilnMetrics
+    from kiln.api.metrics import KilnMetrics
     from kiln.api.state import ServerState
     from kiln.data.datasets import DatasetStore
     from kiln.data.judgments import JudgmentStore
@@ -49,7 +49,7 @@ class Services:
 
 def ensure_metrics(state: ServerState) -> KilnMetrics:
     if state.services.metrics is None:
-        from kiln.api.routers.metrics import KilnMetrics
+        from kiln.api.metrics import KilnMetrics
 
         state.services.metrics = KilnMetrics(state)
     return state.services.metrics

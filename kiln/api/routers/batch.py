@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import parse_body
-from kiln.api.routers.metrics import counting_refusals
+from kiln.api.metrics import counting_refusals
 from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import get_state
 from kiln.api.wire.batch import PREFIX, BatchCompletionRequest

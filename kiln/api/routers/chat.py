@@ -12,7 +12,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from kiln.api.errors import parse_body
-from kiln.api.routers.metrics import counting_refusals
+from kiln.api.metrics import counting_refusals
 from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import ServerState, get_state
 from kiln.api.wire.chat import PREFIX, ChatCompletionRequest

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from kiln.api.access_log import note_request
 from kiln.api.errors import parse_body
-from kiln.api.routers.metrics import counting_refusals, metrics_for
+from kiln.api.metrics import counting_refusals, metrics_for
 from kiln.api.state import get_state
 from kiln.api.wire.compat import DetokenizeRequest, LegacyCompletionRequest, TokenizeRequest
 from kiln.engine.legacy_completion import run_legacy_completion

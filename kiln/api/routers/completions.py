@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import parse_body
-from kiln.api.routers.metrics import counting_refusals, metrics_for
+from kiln.api.metrics import counting_refusals, metrics_for
 from kiln.api.state import get_state
 from kiln.api.wire.completions import PREFIX, TextCompletionRequest
 from kiln.engine.score_request import CODE, ScoreInput, prepare_score, score_prompt
