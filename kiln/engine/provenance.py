@@ -163,6 +163,8 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 
 
 def _content_text(content: Any) -> str:
+    # Not kiln.core.messages.message_text: the content identity hashes exactly the typed text parts,
+    # and changing which parts count would change every stored identity.
     if content is None:
         return ""
     if isinstance(content, str):

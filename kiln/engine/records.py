@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from kiln.core.messages import message_text
 from kiln.core.thinking_mode import recent_thinking_mode
 from kiln.store.clock import utc_now_rfc3339
 
@@ -197,23 +198,12 @@ def record_from_log_row(row: dict[str, Any]) -> CompletionRecord:
     )
 
 
-def content_text(content: Any) -> str:
-    """A message's content as plain text (OpenAI content parts joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return str(content)
-
-
 def last_user_text(messages: Iterable[dict[str, Any]]) -> str:
     msgs = list(messages)
     for m in reversed(msgs):
         if m.get("role") == "user":
-            return content_text(m.get("content"))
-    return content_text(msgs[-1].get("content")) if msgs else ""
+            return message_text(m.get("content"))
+    return message_text(msgs[-1].get("content")) if msgs else ""
 
 
 def preview(text: str, limit: int) -> str:
@@ -224,7 +214,7 @@ def preview(text: str, limit: int) -> str:
 
 
 def text_chars(messages: Iterable[dict[str, Any]] | None) -> int:
-    return sum(len(content_text(m.get("content"))) for m in messages or [])
+    return sum(len(message_text(m.get("content"))) for m in messages or [])
 
 
 def recent_budget(effective: dict[str, Any], applied: bool | None = None,
