@@ -46,6 +46,8 @@ def test_sigterm_drains_streams_checkpoints_training_and_exits_zero(tiny_model_d
         while httpx.get(f"{server.base_url}/train/jobs/{job_id}").json()["step"] < 3:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        training = httpx.get(server.url + "/health", timeout=10).json()["training"]
+        assert training["active_job"]["job_id"] == job_id and training["queued"] == 0, training
         out: dict = {}
         reader = threading.Thread(target=stream_all, args=(server.url, out))
         reader.start()
