@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: serve test venv lint bench clean browser
+.PHONY: serve test venv lint bench clean browser llamacpp
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,7 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/kiln serve $(ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser llamacpp
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Debian's chromium and its driver for the dashboard's browser test (tests/e2e/test_ui_browser.py):
@@ -39,6 +39,14 @@ browser:
 	    echo "chromium is not installed and this is not root: the browser test will skip"; \
 	  fi; \
 	fi
+
+# llama.cpp's libllama and a small harness (tools/llamacpp/), the reference side of the LoRA-export
+# test (tests/adapters/test_export_llamacpp.py): built from the llama-cpp-python sdist, ~2 minutes once,
+# cached under ~/.cache/kiln-llama-server. Without it that test skips (CI sets KILN_REQUIRE_LLAMACPP=1).
+llamacpp: $(STAMP)
+	@echo "llama.cpp's libllama for the LoRA-export test: reusing the cached build, or building it (~2 min)"
+	@PY=$(BIN)/python tools/build-llamacpp logits >/dev/null 2>.llamacpp-build.log \
+	  || { tail -20 .llamacpp-build.log; echo "could not build llama.cpp (log: .llamacpp-build.log): the LoRA export test will skip"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check kiln tests benchmarks

@@ -65,7 +65,7 @@ def locate(isa: str, explicit: str | None = None, build_script: str | None = Non
         return _build(isa, script)
     flag = "--llama-server" if isa == "native" else "--llama-server-avx2"
     return Located(None, f"no {BINARY} ({isa}) found: pass {flag} PATH, put {BINARY} on PATH, or name the "
-                         "build script with --build-llama-server (e.g. the dev tools' build-llama-server)")
+                         "build script with --build-llama-server (e.g. the repo's tools/build-llama-server)")
 
 
 def _build(isa: str, script: str) -> Located:

@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--llama-server-avx2", metavar="PATH", help="llama-server built for AVX2 (default: "
                    "$KILN_LLAMA_SERVER_AVX2 or the build script's cache, build-avx2)")
     p.add_argument("--build-llama-server", metavar="SCRIPT", help="build a missing llama-server with this script "
-                   "(run as ISA=native|avx2 SCRIPT; e.g. the build-llama-server script of the dev tools; about 10 minutes per "
+                   "(run as ISA=native|avx2 SCRIPT; e.g. tools/build-llama-server in the repo; about 10 minutes per "
                    "ISA on 2 cores; default: $KILN_BUILD_LLAMA_SERVER)")
     p.add_argument("--isa", default="auto", help="ISAs to measure: native (the CPU's best), avx2, or both "
                    "comma-separated; auto (default): native, plus avx2 when the CPU has AVX-512")

@@ -1,12 +1,14 @@
 """The exported LoRA GGUF, applied by llama.cpp itself, gives Kiln's logits on the embedded model.
 
 A random rank-8 adapter on every projection of SmolLM2 (per-module alphas, so scale folding matters) is
-exported with `kiln.adapters.export`, then llama.cpp serves the model with it (`llama-server --lora`,
-or llama-cpp-python where the `llamacpp` extra is installed). The base is the embedded GGUF with its
-weights dequantized to float32 (same metadata and tokenizer), so llama.cpp and Kiln multiply the same
+exported with `kiln.adapters.export`, then llama.cpp applies it: libllama through the small harness
+that `tools/build-llamacpp logits` builds (`make test` builds it; CI requires it with
+KILN_REQUIRE_LLAMACPP=1), else `llama-server --lora`, else llama-cpp-python (the `llamacpp` extra).
+The base is the embedded GGUF with its weights dequantized to float32 (same metadata and tokenizer), so llama.cpp and Kiln multiply the same
 numbers in float32 and the tolerance is tight; Kiln's side adds the adapter's deltas to its weights.
 The comparison means something because the adapter moves the logits far more than the tolerance, and
-an export without the q/k permutation is far off. Skipped when no llama.cpp is installed.
+an export without the q/k permutation is far off. Skipped when no llama.cpp is built (failed under
+KILN_REQUIRE_LLAMACPP=1).
 """
 
 from __future__ import annotations
@@ -34,12 +36,24 @@ TOLERANCE = 0.01  # float32 on both sides: only summation order differs
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
+CACHE = Path(os.environ.get("LLAMA_SERVER_CACHE")
+             or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiln-llama-server")
+
+
+def find_llama_logits() -> str | None:
+    """tools/build-llamacpp's libllama harness (`make test` builds it): the reference llama.cpp uses."""
+    found = os.environ.get("KILN_LLAMA_LOGITS")
+    if found:
+        return found
+    built = sorted(glob.glob(str(CACHE / "*/vendor/llama.cpp/build-lib-*/bin/kiln-llama-logits")))
+    return built[-1] if built else None
+
+
 def find_llama_server() -> str | None:
     found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if found:
         return found
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiln-llama-server"
-    built = sorted(glob.glob(str(cache / "*/vendor/llama.cpp/build-native/bin/llama-server")))
+    built = sorted(glob.glob(str(CACHE / "*/vendor/llama.cpp/build-native/bin/llama-server")))
     return built[-1] if built else None
 
 
@@ -51,9 +65,12 @@ def have_llama_cpp_python() -> bool:
     return True
 
 
-if find_llama_server() is None and not have_llama_cpp_python():
-    pytest.skip("llama.cpp is not installed: pip install 'kiln[llamacpp]' or build llama-server "
-                "(LLAMA_SERVER=/path/to/llama-server)", allow_module_level=True)
+MISSING = ("llama.cpp is not built: run `tools/build-llamacpp logits` (make test does), pip install "
+           "'kiln[llamacpp]', or set LLAMA_SERVER=/path/to/llama-server")
+if find_llama_logits() is None and find_llama_server() is None and not have_llama_cpp_python():
+    if os.environ.get("KILN_REQUIRE_LLAMACPP") == "1":
+        raise RuntimeError(f"KILN_REQUIRE_LLAMACPP=1 but {MISSING}")
+    pytest.skip(MISSING, allow_module_level=True)
 
 
 def float32_gguf(src: Path, dst: Path) -> Path:
@@ -165,6 +182,13 @@ def _free_port() -> int:
 
 def llama_cpp_logprobs(model: Path, lora: Path | None, ids: list[int], root: Path) -> dict[int, float]:
     """Top-TOP next-token log-probs after `ids`, from llama.cpp with the adapter applied."""
+    harness = find_llama_logits()
+    if harness is not None:
+        args = [harness, str(model), str(TOP)] + (["--lora", str(lora)] if lora else []) + ["--"]
+        out = subprocess.run(args + [str(i) for i in ids], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        rows = [line.split("\t") for line in out.stdout.splitlines()]
+        return {int(tid): float(lp) for tid, lp in rows}
     server = find_llama_server()
     if server is None:
         import llama_cpp
