@@ -106,6 +106,7 @@ class _Score:
     token_ids: list[int]
     top_k: int
     done: Callable[[PromptScores | None, Exception | None], None]
+    adapter: AdapterTarget | None = None
 
 
 @dataclass
@@ -177,9 +178,11 @@ class EngineActor:
         self._inbox.put(_Abort(request_id))
 
     def score(self, token_ids: list[int], top_k: int,
-              done: Callable[[PromptScores | None, Exception | None], None]) -> None:
-        """Score a prompt's log-probs on the actor thread between steps; `done(result, error)`."""
-        self._inbox.put(_Score(token_ids, top_k, done))
+              done: Callable[[PromptScores | None, Exception | None], None],
+              adapter: AdapterTarget | None = None) -> None:
+        """Score a prompt's log-probs on the actor thread between steps, under `adapter` when given;
+        `done(result, error)`."""
+        self._inbox.put(_Score(token_ids, top_k, done, adapter))
 
     # -- the actor -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -223,11 +226,17 @@ class EngineActor:
     def _score(self, msg: _Score) -> None:
         result: PromptScores | None = None
         error: Exception | None = None
+        slot = 0
         try:
-            result = self.runner.score(msg.token_ids, msg.top_k)
+            if msg.adapter is not None:
+                # pinned for the one forward, as a sequence pins it for its lifetime
+                slot, _ = self.lora_slots.acquire(msg.adapter)
+            result = self.runner.score(msg.token_ids, msg.top_k, slot)
             self.counters.prompts_scored += 1
         except Exception as e:  # noqa: BLE001 - handed to the waiting handler
             error = e
+        finally:
+            self.lora_slots.release(slot)
         try:
             msg.done(result, error)
         except RuntimeError:  # the handler's loop is gone (timed out or shut down)
@@ -421,7 +430,7 @@ class ActorBridge:
             for i in sorted({i for i, _ in pending}):
                 self.actor.abort(rids[i])
 
-    async def score(self, token_ids: list[int], top_k: int) -> PromptScores:
+    async def score(self, token_ids: list[int], top_k: int, adapter: AdapterTarget | None = None) -> PromptScores:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[PromptScores] = loop.create_future()
 
@@ -435,5 +444,5 @@ class ActorBridge:
                     fut.set_result(result)  # type: ignore[arg-type]
             loop.call_soon_threadsafe(settle)
 
-        self.actor.score(token_ids, top_k, done)
+        self.actor.score(token_ids, top_k, done, adapter)
         return await fut

@@ -6,7 +6,9 @@ lm-evaluation-harness's `local-completions` model scores multiple-choice answers
 Each choice is generated on the batching engine (all prompts and choices submitted together); the
 log-probabilities are then read from one causal forward over prompt + output on the actor thread,
 the same scoring the contract's `/v1/completions` uses (kiln.engine.scoring), so they are the model's
-raw distribution (before temperature or filters), as vLLM reports by default.
+raw distribution (before temperature or filters), as vLLM reports by default. Under an adapter
+(`model` naming a stored one, or the server's default adapter) that forward adds the same adapter
+revision the generation used, so lm-eval's loglikelihood tasks evaluate adapters too.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ async def _logprobs(engine: Any, prompt: LegacyPrompt, out: LegacyChoiceOut, pla
         top.append(None)
     if len(ids) > 1 and len(ids) > first:
         try:
-            scores = await asyncio.wait_for(engine.score(ids, k), timeout=timeout_s)
+            scores = await asyncio.wait_for(engine.score(ids, k, plan.adapter), timeout=timeout_s)
         except TimeoutError:
             raise KilnError(408, "request_timeout", f"scoring did not finish within {timeout_s:g}s",
                             hint="Retry later, or send shorter prompts.") from None

@@ -40,10 +40,6 @@ def prepare_legacy(engine: Any, req: Any, adapter_store: Any, eval_mode: bool) -
     target = engine.resolve_adapter(adapter_given=selection.adapter is not None, adapter=selection.adapter,
                                     adapters=None, param="model")
     wants_logprobs = req.logprobs is not None
-    if wants_logprobs and target is not None:
-        raise _bad(f"logprobs are computed on the base model only, and this request runs on adapter "
-                   f"{target.label!r}", "logprobs",
-                   "Drop logprobs, or score on the base model (unload the default adapter).")
     prompts = _prompts(engine, req)
     params = resolve_sampling(req.explicit_sampling(), preset=None, qwen3_family=engine.info.qwen3_family,
                               has_tools=False, model_defaults=engine.info.generation_defaults, eval_mode=eval_mode)

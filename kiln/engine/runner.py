@@ -18,7 +18,7 @@ from kiln.core.sequence import Sequence
 from kiln.engine.scoring import PromptScores, compute_prompt_scores
 from kiln.engine.timing import StepTiming
 from kiln.model.kv_cache import KVCache, build_attention_metadata
-from kiln.model.lora import build_lora_step
+from kiln.model.lora import DenseRouting, build_lora_step
 from kiln.model.sampler import Sampler
 from kiln.model.transformer import Transformer
 
@@ -75,9 +75,13 @@ class ModelRunner:
         with torch.inference_mode():
             self.model.forward_dense(torch.zeros((1, 2), dtype=torch.long, device=self.device))
 
-    def score(self, token_ids: list[int], top_k: int) -> PromptScores:
-        """Prompt log-probs (POST /v1/completions); the caller is the actor thread."""
-        return compute_prompt_scores(self.model, token_ids, top_k)
+    def score(self, token_ids: list[int], top_k: int, lora_slot: int = 0) -> PromptScores:
+        """Prompt log-probs (POST /v1/completions, /compat/v1/completions); the caller is the actor
+        thread, which has pinned `lora_slot` (0: the base model) in the model's LoRA bank."""
+        lora = None
+        if lora_slot and self.model.lora_bank is not None:
+            lora = DenseRouting(self.model.lora_bank, build_lora_step([lora_slot], [len(token_ids)], 0, self.device))
+        return compute_prompt_scores(self.model, token_ids, top_k, lora)
 
     @torch.inference_mode()
     def step(self, out: SchedulerOutput) -> tuple[dict[int, StepResult], StepTiming]:

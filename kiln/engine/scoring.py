@@ -35,12 +35,12 @@ class PromptScores:
     top_logprobs: list[list[float]]
 
 
-def compute_prompt_scores(model: Any, token_ids: Sequence[int], k: int) -> PromptScores:
-    """Score a prompt with `model.forward_dense` (float32 logits). Raises KilnError(500) when a
-    logits row is not finite or narrower than K."""
+def compute_prompt_scores(model: Any, token_ids: Sequence[int], k: int, lora: Any = None) -> PromptScores:
+    """Score a prompt with `model.forward_dense` (float32 logits), plus `lora`'s deltas (a LoraDelta)
+    when given. Raises KilnError(500) when a logits row is not finite or narrower than K."""
     ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
     with torch.inference_mode():
-        logits = model.forward_dense(ids)[0, :-1].float()
+        logits = model.forward_dense(ids, lora=lora)[0, :-1].float()
     n, width = logits.shape
     if k > width:
         raise KilnError(500, "generation_error", f"the model produced {width} logits per row, fewer than K={k}")

@@ -302,8 +302,9 @@ class Engine:
         """`submit` for one request, yielding its events alone."""
         return self._bridge.generate(prompt_ids, params, request_id, budgets, adapter)
 
-    async def score(self, token_ids: list[int], top_k: int) -> PromptScores:
-        return await self._bridge.score(token_ids, top_k)
+    async def score(self, token_ids: list[int], top_k: int, adapter: AdapterTarget | None = None) -> PromptScores:
+        """Prompt log-probs from one dense forward, on the base model or under `adapter`."""
+        return await self._bridge.score(token_ids, top_k, adapter)
 
     # -- completion lifecycle (kiln.engine.chat_response calls these) ---------------------------------
     def start_completion(self) -> None:

@@ -178,6 +178,20 @@ class BankRouting:
         return self.bank.apply(y, x, layer, name, self.step)
 
 
+@dataclass
+class DenseRouting:
+    """The bank plus a routing of flat tokens, as a LoraDelta for `forward_dense`'s `[B, T, in]`
+    activations (prompt scoring under an adapter): the tokens are routed as one flat run."""
+
+    bank: LoraBank
+    step: LoraStep
+
+    def apply(self, y: Tensor, x: Tensor, layer: int, name: str) -> Tensor:
+        flat = self.bank.apply(y.reshape(-1, y.shape[-1]), x.reshape(-1, x.shape[-1]).contiguous(), layer, name,
+                               self.step)
+        return flat.view(y.shape)
+
+
 def build_lora_step(slots: list[int], lengths: list[int], num_decode: int, device: torch.device) -> LoraStep | None:
     """`slots`/`lengths`: one entry per scheduled item in flat order (decodes first). None: all base."""
     if not any(slots):

@@ -201,3 +201,42 @@ def test_legacy_completions_pass_the_admission_gate_and_give_their_places_back(s
             assert engine.admission.waiting == 0 and engine.admission.queued_tokens == 0
     finally:
         engine.admission = saved
+
+
+# ---- logprobs under an adapter -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def adapter(served):
+    """A stored adapter that moves this tiny model's logits well past the test tolerance."""
+    from kiln.adapters.compat import model_spec_from_config
+    from kiln.adapters.peft_format import DEFAULT_TARGET_MODULES, config_dict
+    from tests.adapters.helpers import random_factors
+
+    cfg = served.state.engine.info.config
+    factors = random_factors(4, layers=cfg.num_hidden_layers, seed=11, spec=model_spec_from_config(cfg))
+    served.state.services.adapter_store.save_adapter("sharp", factors, config_dict(4, 8, list(DEFAULT_TARGET_MODULES)))
+    return "sharp"
+
+
+def test_echo_logprobs_under_an_adapter_are_that_adapters_not_the_base_models(client, adapter):
+    ids = encode(client, "The quick brown fox jumps")
+    base = client.post(URL, json=loglikelihood_request([ids])).json()["choices"][0]["logprobs"]
+    r = client.post(URL, json={**loglikelihood_request([ids]), "model": adapter})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == adapter
+    tuned = r.json()["choices"][0]["logprobs"]
+    prompt_part = slice(1, len(ids))  # the prompt's own tokens: the same ids on both sides
+    gaps = [abs(a - b) for a, b in zip(tuned["token_logprobs"][prompt_part], base["token_logprobs"][prompt_part],
+                                       strict=True)]
+    assert max(gaps) > 0.05
+
+
+def test_tokens_generated_under_an_adapter_are_its_own_greedy_top_logprobs(client, adapter):
+    req = {"prompt": "a b c d", "max_tokens": 6, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+    base = client.post(URL, json=req).json()["choices"][0]
+    tuned = client.post(URL, json={**req, "model": adapter}).json()["choices"][0]
+    assert tuned["text"] != base["text"]  # the adapter changes the greedy continuation ...
+    lp = tuned["logprobs"]
+    for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        # ... and the scores come from the same adapter: each greedy token is its own top-1
+        assert value == pytest.approx(max(top.values()), abs=1e-4) and tok in top

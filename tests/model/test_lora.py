@@ -124,3 +124,33 @@ def test_bank_growth_keeps_factors(tiny_llama: TinyModel, tmp_path):
     assert big.num_slots == 5 and big.rank == 8
     assert torch.equal(big.a["q_proj"][:, 1, :4], bank.a["q_proj"][:, 1])
     assert big.used["q_proj"] == {1}
+
+
+def test_dense_routing_scores_a_prompt_as_the_merged_weights_would(tiny_llama: TinyModel, tmp_path):
+    """Prompt scoring under an adapter (forward_dense with DenseRouting over the serving bank) gives the
+    logits of the base weights with the adapter's deltas merged in."""
+    from kiln.engine.scoring import compute_prompt_scores
+    from kiln.model.lora import DenseRouting
+
+    _peft_adapter(tiny_llama, tmp_path, "a", ["q_proj", "v_proj", "down_proj"], seed=4)
+    store = AdapterStore(tmp_path)
+    model = copy.deepcopy(tiny_llama.ours)
+    model.lora_bank = LoraBank(model.config, 3, 4, torch.float32, torch.device("cpu"))
+    modules = store.load_lora_tensors("a")
+    model.lora_bank.set_slot(2, modules)
+    ids = [3, 17, 42, 8, 9, 55, 21]
+    routed = DenseRouting(model.lora_bank, build_lora_step([2], [len(ids)], 0, torch.device("cpu")))
+    with torch.inference_mode():
+        ours = model.forward_dense(torch.tensor([ids]), lora=routed)[0]
+        base = model.forward_dense(torch.tensor([ids]))[0]
+    merged = copy.deepcopy(tiny_llama.ours)
+    with torch.no_grad():
+        for (layer, name), (a, b, scale) in modules.items():
+            parent = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            merged.get_submodule(f"model.layers.{layer}.{parent}.{name}").weight.add_(scale * (b.float() @ a.float()))
+        want = merged.forward_dense(torch.tensor([ids]))[0]
+    assert (ours - base).abs().max() > 0.05
+    torch.testing.assert_close(ours, want, atol=1e-4, rtol=1e-4)
+    scored = compute_prompt_scores(model, ids, 2, routed)
+    assert scored.observed_logprobs == pytest.approx(
+        torch.log_softmax(want[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist(), abs=1e-4)
