@@ -14,6 +14,7 @@ revision the generation used, so lm-eval's loglikelihood tasks evaluate adapters
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ class LegacyPlan:
     logprobs: int | None
     adapter: AdapterTarget | None = None
     request_id: str = field(default_factory=lambda: "cmpl-" + uuid.uuid4().hex)
+    first_token_at: float | None = None   # perf_counter when the first generated token arrived
 
     def admission_tokens(self) -> list[int]:
         """What `Engine.admit` is asked for: one place per generating prompt, holding its prompt tokens;
@@ -106,6 +108,8 @@ async def _generate(engine: Any, plan: LegacyPlan, admission: Admission | None) 
         if ev.error:
             raise KilnError(500, "generation_error", f"generation failed: {ev.error}")
         out = outs[index[r]][ev.index]
+        if ev.token_ids and plan.first_token_at is None:
+            plan.first_token_at = ev.received_at or time.perf_counter()
         out.token_ids += ev.token_ids
         out.text += ev.text
         if ev.finish_reason is not None:

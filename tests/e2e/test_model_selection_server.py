@@ -151,3 +151,17 @@ def test_each_request_has_one_json_access_line_with_its_id_and_generation(server
     assert line["finish_reason"] == r.json()["choices"][0]["finish_reason"]
     given = httpx.get(server.url + "/v1/models", headers={"x-request-id": "client-chosen-id"})
     assert given.headers["x-request-id"] == "client-chosen-id"
+
+
+def test_a_legacy_completion_access_line_has_its_tokens_ttft_and_adapter(server):
+    r = httpx.post(server.url + "/compat/v1/completions", timeout=120,
+                   json={"model": "style-x", "prompt": "The mountains are", "max_tokens": 4, "temperature": 0,
+                         "logprobs": 1})
+    assert r.status_code == 200, r.text
+    rid = r.headers["x-request-id"]
+    access = [x for x in (json.loads(line) for line in server.log().splitlines() if line.startswith("{"))
+              if x.get("request_id") == rid and x["logger"] == "kiln.access"]
+    assert len(access) == 1
+    line = access[0]
+    assert (line["http_path"], line["adapter"], line["model"]) == ("/compat/v1/completions", "style-x", "style-x")
+    assert line["completion_tokens"] == r.json()["usage"]["completion_tokens"] and line["ttft_ms"] > 0

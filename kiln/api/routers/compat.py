@@ -89,8 +89,9 @@ async def legacy_completions(request: Request) -> JSONResponse:
         result = await run_legacy_completion(engine, plan, timeout_s=state.settings.server.request_timeout_secs,
                                              admission=admission)
     usage = result["usage"]
+    ttft = None if plan.first_token_at is None else round((plan.first_token_at - started) * 1000.0, 1)
     note_request(model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
-                 prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                 prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"], ttft_ms=ttft,
                  finish_reason=",".join(sorted({c["finish_reason"] for c in result["choices"]})))
     metrics = metrics_for(state)
     if metrics is not None:
