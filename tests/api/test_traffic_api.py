@@ -190,6 +190,28 @@ def test_the_request_log_row_holds_the_full_conversation_sampling_and_answer(cli
     assert row["usage"] == body["usage"] and row["adapter"] == "base" and row["adapters"] == []
 
 
+def test_a_composed_adapter_request_is_recorded_with_its_composition_and_revisions(client, served):
+    from kiln.adapters.compat import model_spec_from_config
+    from kiln.adapters.peft_format import DEFAULT_TARGET_MODULES, config_dict
+    from tests.adapters.helpers import random_factors
+
+    cfg = served.state.engine.info.config
+    spec = model_spec_from_config(cfg)
+    store = served.state.services.adapter_store
+    revisions = {}
+    for name, seed in (("tone", 1), ("facts", 2)):
+        factors = random_factors(2, layers=cfg.num_hidden_layers, seed=seed, spec=spec)
+        revisions[name] = store.save_adapter(name, factors, config_dict(2, 4, list(DEFAULT_TARGET_MODULES))).content_sha256
+    r = chat(client, adapters=[{"name": "tone", "scale": 1.0}, {"name": "facts", "scale": 0.5}], max_tokens=3)
+    assert r.status_code == 200, r.text
+    row = next(x for x in recent(client) if x["id"] == r.json()["id"])
+    assert row["adapter"] == "tone*1+facts*0.5"
+    logged = next(x for x in flush_log(served) if x["id"] == r.json()["id"])
+    assert logged["adapter"] == "tone*1+facts*0.5"
+    assert logged["adapters"] == [{"name": "tone", "scale": 1.0, "revision": revisions["tone"]},
+                                  {"name": "facts", "scale": 0.5, "revision": revisions["facts"]}]
+
+
 # ---- decode stats and metrics ------------------------------------------------------------------------
 
 def test_decode_stats_report_the_window_and_the_scheduler(client):
