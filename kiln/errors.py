@@ -87,5 +87,5 @@ def conflict(code: str, message: str, *, param: str | None = None, hint: str | N
 
 def model_loading() -> KilnError:
     """503 while the weights load (every route that needs the model answers this one error)."""
-    return KilnError(503, "model_loading", "the model is still loading", hint="Retry when GET /health answers 200.",
+    return KilnError(503, "model_loading", "the model is still loading", hint="Retry after 5 s (the Retry-After header), when GET /health answers 200.",
                      headers={"Retry-After": "5"})

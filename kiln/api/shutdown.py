@@ -63,7 +63,8 @@ class Lifecycle:
 
     def refusal(self) -> KilnError:
         return KilnError(503, "server_shutting_down", "the server is shutting down and takes no new requests",
-                         hint="Retry against another replica, or after the server restarts.",
+                         hint=f"Retry against another replica, or after {RETRY_AFTER_SECS} s (the Retry-After "
+                              "header) once the server restarts.",
                          headers={"Retry-After": str(RETRY_AFTER_SECS)})
 
     # -- the drain -------------------------------------------------------------------------------

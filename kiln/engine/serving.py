@@ -272,8 +272,8 @@ class Engine:
                     if tickets == "requests" else
                     f"{gate.queued_tokens} prompt tokens are queued (the limit is {gate.max_queued_tokens})")
             raise KilnError(429, "inference_queue_full", f"the server is at capacity: {what}",
-                            hint="Retry after the Retry-After interval; the limits are [engine] "
-                                 "max_waiting_requests and max_queued_prompt_tokens.",
+                            hint=f"Retry after {RETRY_AFTER_SECS} s (the Retry-After header); the limits are "
+                                 "[engine] max_waiting_requests and max_queued_prompt_tokens.",
                             headers={"Retry-After": str(RETRY_AFTER_SECS)})
         return Admission(self.admission, tickets)
 

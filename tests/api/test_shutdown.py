@@ -51,6 +51,7 @@ def test_while_draining_every_request_is_503_server_shutting_down_with_retry_aft
         r = client.get(path)
         assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
         assert r.json()["error"]["code"] == "server_shutting_down"
+        assert f"{r.headers['retry-after']} s" in r.json()["error"]["hint"]
     assert app.state.kiln.lifecycle.in_flight == 0
 
 

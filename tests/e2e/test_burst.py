@@ -54,7 +54,9 @@ async def burst(url: str, n: int) -> dict:
             elif r.status_code == 429:
                 counts["refused_429"] += 1
                 err = r.json()["error"]
-                if r.headers.get("retry-after") and err["code"] == "inference_queue_full" and err["message"]:
+                after = r.headers.get("retry-after")
+                # the envelope says when as well as the header: the hint names the same seconds
+                if after and err["code"] == "inference_queue_full" and err["message"] and f"{after} s" in err["hint"]:
                     counts["refused_with_retry_after"] += 1
             else:
                 counts["other"][r.status_code] = counts["other"].get(r.status_code, 0) + 1
