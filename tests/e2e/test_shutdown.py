@@ -1,6 +1,7 @@
 """Graceful shutdown (issue 19.3) on a real `kiln serve`: SIGTERM stops admitting (503 + Retry-After),
 a running stream finishes whole, a running training job is checkpointed and left interrupted, the
-shutdown hooks run, and the process exits 0; restarted with auto_resume, the job continues from its
+shutdown hooks run (the request log flushed: the drained stream's row is on disk, whole), and the
+process exits 0; restarted with auto_resume, the job continues from its
 checkpoint by itself."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 
 import httpx
 import pytest
+
+from kiln.store.request_log import read_rows
 
 from .conftest import start_server
 
@@ -35,7 +38,7 @@ def stream_all(url: str, out: dict) -> None:
 
 def test_sigterm_drains_streams_checkpoints_training_and_exits_zero(tiny_model_dir, tmp_path):
     server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny",
-                          env={"KILN_SERVER_SHUTDOWN_TIMEOUT_SECS": "60"})
+                          env={"KILN_SERVER_SHUTDOWN_TIMEOUT_SECS": "60", "KILN_REQUEST_LOG_ENABLED": "true"})
     try:
         r = httpx.post(server.base_url + "/train/sft", timeout=60, json={
             "examples": ROWS, "config": {"output_name": "story", "epochs": 2000, "lora_rank": 2,
@@ -81,6 +84,10 @@ def test_sigterm_drains_streams_checkpoints_training_and_exits_zero(tiny_model_d
     log = server.log()
     assert "shutdown hook training done" in log and "shutdown hook request_log done" in log
     assert "Traceback" not in log, log[-3000:]  # a clean stop logs no error
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in finals)
+    rows = [r for r in read_rows(tmp_path / "data" / "requests") if r["id"] == finals[0]["id"]]
+    assert len(rows) == 1 and rows[0]["streamed"] is True, rows
+    assert rows[0]["choices"][0]["message"]["content"] == streamed
 
     # Restarted with [training] auto_resume, the job continues from its checkpoint by itself.
     again = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny",
