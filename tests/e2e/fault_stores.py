@@ -84,21 +84,27 @@ class Datasets(StoreDriver):
 class Suites(StoreDriver):
     def __init__(self) -> None:
         super().__init__("suites")
+        self.sizes: dict[str, int] = {}
 
     def write(self, c: httpx.Client, tag: str) -> str | None:
         name = f"suite-{tag}"
-        r = c.post("/v1/eval/suites", json=suite_body(name, n=2 + len(tag) % 3))
+        self.sizes[name] = 2 + len(tag) % 3
+        r = c.post("/v1/eval/suites", json=suite_body(name, n=self.sizes[name]))
         return name if _ok(r) else None
 
     def check(self, c: httpx.Client) -> list[str]:
         problems = []
-        for name in self.acked:
-            r = c.get(f"/v1/eval/suites/{name}")
-            if r.status_code != 200:
-                problems.append(f"suite {name} acknowledged but unreadable: {r.status_code}")
         r = c.get("/v1/eval/suites")
         if r.status_code != 200:
-            problems.append(f"suite list unreadable: {r.status_code} {r.text[:200]}")
+            return [f"suite list unreadable: {r.status_code} {r.text[:200]}"]
+        listed = {s["name"] for s in r.json()["suites"]}
+        problems += [f"suite {name} acknowledged but not listed" for name in self.acked if name not in listed]
+        for name in listed | set(self.acked):
+            r = c.get(f"/v1/eval/suites/{name}")
+            if r.status_code != 200:
+                problems.append(f"suite {name} acknowledged or listed but unreadable: {r.status_code}")
+            elif name in self.sizes and len(r.json()["examples"]) != self.sizes[name]:
+                problems.append(f"suite {name} has {len(r.json()['examples'])} examples, not {self.sizes[name]}")
         return problems
 
 
@@ -118,10 +124,13 @@ class Judgments(StoreDriver):
         r = c.post("/v1/judgments", json={"name": self.SET})
         assert r.status_code in (*OK, 409), r.text
 
+    @staticmethod
+    def response_a(tag: str) -> str:
+        return "a" * (1 + len(tag) * 37 % 900)
+
     def write(self, c: httpx.Client, tag: str) -> str | None:
         r = c.post(f"/v1/judgments/{self.SET}/rows", json={
-            "id": f"j-{tag}", "prompt": QUESTION, "response_a": "a" * (1 + len(tag) * 37 % 900),
-            "response_b": "b", "winner": "a"})
+            "id": f"j-{tag}", "prompt": QUESTION, "response_a": self.response_a(tag), "response_b": "b", "winner": "a"})
         return f"j-{tag}" if _ok(r) else None
 
     def check(self, c: httpx.Client) -> list[str]:
@@ -131,7 +140,11 @@ class Judgments(StoreDriver):
         body = r.json()
         rows = body["rows"] if isinstance(body, dict) else body
         have = {row["id"] for row in rows}
-        return [f"judgment {j} acknowledged but missing" for j in self.acked if j not in have]
+        problems = [f"judgment {j} acknowledged but missing" for j in self.acked if j not in have]
+        for row in rows:  # every visible row is whole: its long field as written
+            if row["id"].startswith("j-") and row.get("response_a") != self.response_a(row["id"][2:]):
+                problems.append(f"judgment {row['id']} is not whole")
+        return problems
 
 
 class Adapters(StoreDriver):
@@ -195,10 +208,11 @@ class EvalJobs(StoreDriver):
 
     def check(self, c: httpx.Client) -> list[str]:
         problems = []
-        for job_id in self.acked:
+        listed = {j["job_id"] for j in c.get("/v1/eval/jobs").json()["jobs"]}
+        for job_id in set(self.acked) | listed:
             r = c.get(f"/v1/eval/jobs/{job_id}")
             if r.status_code != 200:
-                problems.append(f"eval job {job_id} acknowledged but unreadable: {r.status_code}")
+                problems.append(f"eval job {job_id} acknowledged or listed but unreadable: {r.status_code}")
         return problems
 
 
@@ -214,10 +228,11 @@ class TrainJobs(StoreDriver):
 
     def check(self, c: httpx.Client) -> list[str]:
         problems = []
-        for job_id in self.acked:
+        listed = {j["job_id"] for j in c.get("/v1/train/status").json()}
+        for job_id in set(self.acked) | listed:
             r = c.get(f"/v1/train/jobs/{job_id}")
             if r.status_code != 200:
-                problems.append(f"training job {job_id} acknowledged but unreadable: {r.status_code}")
+                problems.append(f"training job {job_id} acknowledged or listed but unreadable: {r.status_code}")
                 continue
             job = r.json()
             if job["state"] == "completed" and c.get(f"/v1/adapters/{job['adapter_name']}/detail").status_code != 200:
@@ -230,13 +245,18 @@ class Corrections(StoreDriver):
         super().__init__("corrections")
 
     def write(self, c: httpx.Client, tag: str) -> str | None:
-        r = c.post("/v1/corrections", json={"messages": QUESTION,
+        r = c.post("/v1/corrections", json={"messages": QUESTION, "note": tag,
                                             "corrected": {"role": "assistant", "content": f"Quillton ({tag})."}})
         return r.json()["id"] if _ok(r) else None
 
     def check(self, c: httpx.Client) -> list[str]:
-        listed = {x["id"] for x in c.get("/v1/corrections").json()["data"]}
-        return [f"correction {i} acknowledged but missing" for i in self.acked if i not in listed]
+        data = c.get("/v1/corrections").json()["data"]
+        listed = {x["id"] for x in data}
+        problems = [f"correction {i} acknowledged but missing" for i in self.acked if i not in listed]
+        for x in data:  # every visible correction is whole: its answer names its own tag
+            if x.get("note") and x["corrected"]["content"] != f"Quillton ({x['note']}).":
+                problems.append(f"correction {x['id']} is not whole")
+        return problems
 
 
 class RequestLog(StoreDriver):
