@@ -58,9 +58,10 @@ class ModelSettings:
     dtype: str = "auto"
     # auto | cpu | cuda
     device: str = "auto"
-    # Weights the serving path multiplies with: none (dense) | gguf (a GGUF's own 4/8-bit blocks, CPU)
-    # | q8_0 | q4_1 (quantize every projection). Quantized paths use 8-bit activations, as llama.cpp does.
-    quantization: str = "none"
+    # Weights the serving path multiplies with: auto (a GGUF's own Q4/Q8 blocks with float activations on
+    # the CPU, i.e. gguf-float, else none) | none (dense) | gguf (a GGUF's own 4/8-bit blocks with 8-bit
+    # activations, as llama.cpp does) | gguf-float | q8_0 | q4_1 (quantize every projection, 8-bit activations)
+    quantization: str = "auto"
     # PEFT adapter folders imported into the adapter store at start, as NAME=PATH (vLLM's --lora-modules)
     lora_modules: list[str] = field(default_factory=list)
 
@@ -278,8 +279,9 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"server.{key}: must be non-negative, got {v}")
     if s.model.dtype not in {"auto", "float32", "bfloat16", "float16"}:
         raise ConfigError(f"model.dtype: expected auto|float32|bfloat16|float16, got {s.model.dtype!r}")
-    if s.model.quantization not in {"none", "gguf", "q8_0", "q4_1"}:
-        raise ConfigError(f"model.quantization: expected none|gguf|q8_0|q4_1, got {s.model.quantization!r}")
+    if s.model.quantization not in {"auto", "none", "gguf", "gguf-float", "q8_0", "q4_1"}:
+        raise ConfigError("model.quantization: expected auto|none|gguf|gguf-float|q8_0|q4_1, got "
+                          f"{s.model.quantization!r}")
     if s.server.log_format not in {"text", "json"}:
         raise ConfigError(f"server.log_format: expected text|json, got {s.server.log_format!r}")
     for spec in s.model.lora_modules:

@@ -8,6 +8,7 @@ the example's, a probe that reads what the setting changes, cheaply).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 import tomllib
@@ -173,6 +174,29 @@ def _model_path(s: Settings) -> str:
     return str(model_path(s))
 
 
+def _quantization(s: Settings, tiny: Path) -> str:
+    """What the engine loads the weights as: build_engine up to load_model, with the setting."""
+    import pytest
+
+    from kiln.engine import serving
+
+    seen: dict[str, str] = {}
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(path, dtype, device, quantization):
+        seen["quantization"] = quantization
+        raise Loaded
+
+    s.model.path = str(tiny)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serving, "load_model", load_model)
+        with contextlib.suppress(Loaded):
+            serving.build_engine(s, start=False)
+    return seen["quantization"]
+
+
 def _dtype(s: Settings) -> torch.dtype:
     from kiln.model.loader import resolve_dtype
 
@@ -333,7 +357,7 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("model", "served_model_id"): ("another-id", lambda s, t: _served_id(s)),
     ("model", "dtype"): ("float16", lambda s, t: _dtype(s)),
     ("model", "device"): ("cuda" if not torch.cuda.is_available() else "cpu", lambda s, t: _device(s)),
-    ("model", "quantization"): ("q8_0", lambda s, t: _effective(s, t)["model"]["quantization"]),
+    ("model", "quantization"): ("q8_0", lambda s, t: _quantization(s, t)),
     ("engine", "block_size"): (32, lambda s, t: _kv(s, t)),
     ("engine", "kv_cache_memory_mb"): (1, lambda s, t: _kv(s, t)),
     ("engine", "max_model_len"): (64, lambda s, t: _kv(s, t)),

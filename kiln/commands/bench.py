@@ -40,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--kiln-url", help="measure this running Kiln server (e.g. http://127.0.0.1:8420) instead of "
                    "starting one; --model must name the model it serves (for the tokenizer and the references)")
     p.add_argument("--threads", type=int, help="CPU threads for every engine (default: all available cores)")
-    p.add_argument("--quantization", choices=["auto", "none", "gguf", "q8_0", "q4_1"], default="auto",
+    p.add_argument("--quantization", choices=["auto", "none", "gguf", "gguf-float", "q8_0", "q4_1"], default="auto",
                    help="weights of the Kiln servers the bench starts (kiln serve --quantization); auto "
                    "(default): the default weights (none) and, for a .gguf, also its own quantized blocks (gguf, "
                    "what llama-server runs)")

@@ -28,9 +28,12 @@ def register(sub) -> None:
     p.add_argument("--config", help="TOML config file (default: $KILN_CONFIG or ./kiln.toml)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weight dtype")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where the model runs (default auto)")
-    p.add_argument("--quantization", choices=["none", "gguf", "q8_0", "q4_1"],
-                   help="serve with quantized weights and 8-bit activations (CPU kernels): 'gguf' keeps a GGUF's "
-                   "own Q4/Q8 blocks; default none")
+    p.add_argument("--quantization", choices=["auto", "none", "gguf", "gguf-float", "q8_0", "q4_1"],
+                   help="the weights the serving path multiplies with (CPU kernels): 'gguf-float' keeps a GGUF's "
+                   "own Q4/Q8 blocks and multiplies them with float activations (the dequantized weights' "
+                   "answers from a third of bfloat16's bytes); 'gguf' the same blocks with 8-bit activations, "
+                   "as llama.cpp does; 'none' dense weights; default auto: gguf-float for a Q4/Q8 GGUF on the CPU, "
+                   "else none")
     p.add_argument("--data-dir", help="where datasets, suites, judgments and adapters live (default ./kiln-data)")
     p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", action="extend",
                    help="PEFT adapter folders to import into the adapter store at start (as vLLM's "

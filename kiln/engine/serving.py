@@ -55,6 +55,8 @@ class ModelInfo:
     created: int
     # sampling fields of generation_config.json (HF dirs) used as the no-preset default
     generation_defaults: dict[str, Any]
+    # the weights the serving path multiplies with, resolved ("auto" never appears here)
+    quantization: str = "none"
 
     @property
     def qwen3_family(self) -> bool:
@@ -85,7 +87,7 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
         "served_model_id": info.served_model_id,
         "model": {"architecture": info.config.architecture, "format": info.format, "dtype": info.dtype,
                   "device": info.device, "max_model_len": info.max_model_len,
-                  "quantization": settings.model.quantization},
+                  "quantization": info.quantization},
         "backend": backend,
         "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
                    "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching,
@@ -432,15 +434,15 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
         path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,
         format=weights.format, dtype=str(kv_dtype).removeprefix("torch."), device=str(device),
         max_model_len=max_len, num_blocks=num_blocks, block_size=block_size, created=int(time.time()),
-        generation_defaults=_generation_defaults(path),
+        generation_defaults=_generation_defaults(path), quantization=weights.quantization,
     )
     identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
     if start:
         actor.start()
-    log.info("loaded %s from %s (%s, %s on %s%s) in %.1fs; KV pool %d blocks x %d tokens, context %d; weights %s",
-             info.describe(), path, weights.format, info.dtype, device,
+    log.info("loaded %s from %s (%s, %s on %s%s, quantization %s) in %.1fs; KV pool %d blocks x %d tokens, "
+             "context %d; weights %s", info.describe(), path, weights.format, info.dtype, device,
              f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
-             time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
+             info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
     engine = Engine(info, tokenizer, template, actor, weights, identity,
                     effective_inference_config(settings, info, runner.backend))
     engine.admission = admission_gate(settings, num_blocks * block_size, max_len)

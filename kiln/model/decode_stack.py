@@ -72,7 +72,7 @@ def _fuse(linears: list[torch.nn.Linear], attr: str) -> SimpleNamespace:
     for lin, part in zip(linears, parts, strict=True):
         n = _tensors(part)[0].shape[0]
         views = [t[tile:tile + n] for t in _tensors(fused)]
-        setattr(lin, attr, PackedWeight(part.kind, part.out_features, part.in_features, *views)
+        setattr(lin, attr, PackedWeight(part.kind, part.out_features, part.in_features, *views, part.float_act)
                 if isinstance(part, PackedWeight) else DenseTiles(views[0], part.out_features, part.in_features))
         tile += n
     biases = [lin.bias for lin in linears]
@@ -93,6 +93,6 @@ def _projection(w: Weight, bias: torch.Tensor | None) -> SimpleNamespace:
     bias = None if bias is None else bias.detach()
     if isinstance(w, PackedWeight):
         return SimpleNamespace(qs=w.qs, scales=w.scales, kind=w.kind, out_features=w.out_features,
-                               in_features=w.in_features, bias=bias)
+                               in_features=w.in_features, bias=bias, float_act=w.float_act)
     return SimpleNamespace(qs=w.tiles, kind="bf16", out_features=w.out_features, in_features=w.in_features,
-                           bias=bias)
+                           bias=bias, float_act=False)

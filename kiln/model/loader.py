@@ -73,7 +73,30 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
     raise FileNotFoundError(f"model path {p} is neither a *.gguf file nor an HF checkpoint directory")
 
 
-QUANTIZATIONS = ("none", "gguf", "q8_0", "q4_1")
+QUANTIZATIONS = ("auto", "none", "gguf", "gguf-float", "q8_0", "q4_1")
+# GGUF block types the CPU kernels multiply with as they are
+PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
+
+
+def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -> str:
+    """What "auto" serves: a GGUF whose projections are Q4_0/Q4_1/Q8_0 blocks keeps them on the CPU,
+    multiplied with float activations ("gguf-float": the dequantized weights' answers from a third of
+    bfloat16's bytes); anything else the dense weights ("none")."""
+    p = Path(path)
+    if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
+        return "none"
+    import gguf
+
+    reader = gguf.GGUFReader(str(p))
+    packable = total = 0
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
+            total += int(t.n_elements)
+            packable += int(t.n_elements) if t.tensor_type.name in PACKABLE_GGUF_TYPES else 0
+    # most of the layers' weights in blocks the kernels take (a projection whose K is not whole groups of
+    # 32 stays dense, as GGUF writers store it unquantized)
+    return "gguf-float" if total and packable * 2 >= total else "none"
+
 
 
 def load_model(
@@ -82,24 +105,36 @@ def load_model(
 ) -> tuple[Transformer, LoadedWeights]:
     """Load weights into our Transformer.
 
-    `quantization` picks the weights the serving (paged) path multiplies with: "none" the dense ones;
+    `quantization` picks the weights the serving (paged) path multiplies with: "auto" (what `kiln serve`
+    does by default) resolves by `resolve_quantization`; "none" the dense ones;
     "gguf" a GGUF's own Q4_0/Q4_1/Q8_0 blocks, repacked exactly (CPU only; the dense path stays for
     training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
     the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
     (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations
     are quantized to 8 bits per group of 32 (as llama.cpp does), so logits differ slightly from the
-    dense path: near-ties between the top tokens can flip, which is why "none" is the default."""
+    dense path: near-ties between the top tokens can flip, which is why "none" is the default.
+    "gguf-float" serves the same GGUF blocks with float activations (kernels/qlinear_float.cpp): the
+    dequantized weights' products up to float32 rounding, from a third of bfloat16's bytes."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    if quantization == "auto":
+        quantization = resolve_quantization(path, device)
+    if quantization == "gguf-float" and dtype == "auto":
+        # float32 activations end to end: the kernel widens bfloat16 exactly, but bfloat16 hidden states
+        # between the layers would round them again (and flip near-tied greedy tokens)
+        dtype = "float32"
     torch_dtype = resolve_dtype(dtype, device)
     on_cpu = torch.device(device).type == "cpu"
-    weights = load_weights(path, torch_dtype, keep_quantized=quantization == "gguf" and on_cpu)
+    weights = load_weights(path, torch_dtype, keep_quantized=quantization in ("gguf", "gguf-float") and on_cpu)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
     model.eval()
     if quantization in ("q8_0", "q4_1") and on_cpu:
         weights.packed = quantize_projections(weights.tensors, quantization)
     if weights.packed:
+        if quantization == "gguf-float":
+            for pw in weights.packed.values():
+                pw.float_act = True
         if weights.config.tie_word_embeddings and "lm_head.weight" not in weights.packed:
             emb = weights.packed.get("model.embed_tokens.weight")
             if emb is not None:

@@ -53,6 +53,9 @@ class PackedWeight:
     in_features: int
     qs: Tensor = field(repr=False)
     scales: Tensor = field(repr=False)
+    # float activations (kernels/qlinear_float.cpp: the dequantized weight's product up to float32
+    # rounding) instead of int8 ones per group of 32 (kernels/qlinear.cpp, llama.cpp's arithmetic)
+    float_act: bool = False
     _dense: dict[tuple[torch.dtype, torch.device], Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -85,10 +88,13 @@ class PackedWeight:
         c = self.codes()
         idx = torch.as_tensor(index, dtype=torch.long, device=c.q.device)
         m = None if c.m is None else c.m[idx]
-        return _tile(QuantCodes(c.kind, c.in_features, c.q[idx], c.d[idx], m))
+        out = _tile(QuantCodes(c.kind, c.in_features, c.q[idx], c.d[idx], m))
+        out.float_act = self.float_act
+        return out
 
     def to(self, device: torch.device | str) -> PackedWeight:
-        return PackedWeight(self.kind, self.out_features, self.in_features, self.qs.to(device), self.scales.to(device))
+        return PackedWeight(self.kind, self.out_features, self.in_features, self.qs.to(device), self.scales.to(device),
+                            self.float_act)
 
 
 # ---------------------------------------------------------------- tiling
@@ -152,11 +158,13 @@ def concat_packed(parts: Sequence[PackedWeight]) -> PackedWeight:
         # whole tiles: the layouts simply stack
         qs = torch.cat([p.qs for p in parts])
         scales = torch.cat([p.scales for p in parts])
-        return PackedWeight(first.kind, n, first.in_features, qs, scales)
+        return PackedWeight(first.kind, n, first.in_features, qs, scales, first.float_act)
     codes = [p.codes() for p in parts]
     m = None if first.kind == "q8_0" else torch.cat([c.m for c in codes])  # type: ignore[misc]
-    return _tile(QuantCodes(first.kind, first.in_features, torch.cat([c.q for c in codes]),
-                            torch.cat([c.d for c in codes]), m))
+    out = _tile(QuantCodes(first.kind, first.in_features, torch.cat([c.q for c in codes]),
+                           torch.cat([c.d for c in codes]), m))
+    out.float_act = first.float_act
+    return out
 
 
 # ---------------------------------------------------------------- packing from float
@@ -272,10 +280,12 @@ def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *,
         if x.shape[-1] != packed.in_features:
             raise ValueError(f"x has {x.shape[-1]} features, the weight expects {packed.in_features}")
         return _dense_linear(x, packed, bias)
-    return module.qlinear(
-        x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features, packed.in_features, bias,
-        -1 if isa is None else kernels.ISA_LEVELS[isa],
-    )
+    level = -1 if isa is None else kernels.ISA_LEVELS[isa]
+    if packed.float_act:
+        return module.qlinear_float(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
+                                    packed.in_features, bias, level)
+    return module.qlinear(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
+                          packed.in_features, bias, level)
 
 
 def _dense_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None) -> Tensor:

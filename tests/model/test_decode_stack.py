@@ -149,3 +149,25 @@ def test_adapter_decode_steps_through_the_stack_equal_the_layer_by_layer_path(ea
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
     base, _ = _decode_run(model, True, monkeypatch, [0, 0, 0])
     assert not torch.equal(base[-1][0], stacked[-1][0]) and torch.equal(base[-1][1], stacked[-1][1])
+
+
+@pytest.mark.parametrize("quant", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gguf_float_weights_run_in_the_stack_with_identical_bits(each_isa, tmp_path, monkeypatch, quant, dtype):
+    from gguf import GGMLQuantizationType
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .conftest import COMMON
+    from .test_gguf import write_llama_gguf
+
+    torch.manual_seed(0)
+    # intermediate 128: every projection's K is whole groups of 32, so all of them are packed
+    hf = LlamaForCausalLM(LlamaConfig(**{**COMMON, "intermediate_size": 128})).eval()
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, hf, GGMLQuantizationType[quant])
+    model, _ = load_model(path, dtype=dtype, quantization="gguf-float")
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch)
+    assert model._decode_stack not in (None, False), "the stack should have run"
+    layered, layered_cache = _decode_run(model, False, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)

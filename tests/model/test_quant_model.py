@@ -62,3 +62,39 @@ def test_q8_0_quantizes_an_hf_checkpoint(tiny_llama, tmp_path):
     dense = _paged_logits(model, ids, packed_ok=False)
     quant = _paged_logits(model, ids, packed_ok=True)
     assert (quant - dense).abs().max() < 0.05 * dense.abs().max()
+
+
+@pytest.mark.parametrize("quant", [Q.Q8_0, Q.Q4_1])
+def test_gguf_float_serves_the_blocks_with_float_activations(tmp_path, quant):
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), quant)
+    model, weights = load_model(path, dtype="float32", quantization="gguf-float")
+    assert weights.quantization == "gguf-float"
+    assert all(m.packed.float_act for m in model.modules() if getattr(m, "packed", None) is not None)
+    ids = [3, 14, 15, 9, 26, 5, 35]
+    dense = _paged_logits(model, ids, packed_ok=False)
+    served = _paged_logits(model, ids, packed_ok=True)
+    # the dense weights are the blocks dequantized: only float32 summation order differs
+    assert (served - dense).abs().max() < 1e-4 * dense.abs().max()
+
+
+def test_auto_keeps_a_quantized_gguf_packed_with_float32_activations(tmp_path):
+    from kiln.model.loader import resolve_quantization
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
+    assert resolve_quantization(path) == "gguf-float"
+    assert resolve_quantization(path, "cuda") == "none"
+    model, weights = load_model(path, quantization="auto")
+    assert weights.quantization == "gguf-float" and model.dtype == torch.float32
+
+
+def test_auto_serves_dense_weights_where_nothing_is_packable(tmp_path, tiny_llama):
+    from kiln.model.loader import resolve_quantization
+
+    path = tmp_path / "tiny-f32.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.F32)
+    assert resolve_quantization(path) == "none"
+    assert resolve_quantization(tiny_llama.path) == "none"
+    _, weights = load_model(path, dtype="float32", quantization="auto")
+    assert weights.quantization == "none"

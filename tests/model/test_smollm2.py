@@ -58,13 +58,16 @@ def one_thread():
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_smollm2_greedy_tokens_match_transformers() -> None:
+# "auto" is what `kiln serve` runs on this model: its Q4_1/Q8_0 blocks with float32 activations
+@pytest.mark.parametrize("quantization", ["none", "auto"])
+def test_smollm2_greedy_tokens_match_transformers(quantization: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    ours, loaded = load_model(path, dtype="float32")
+    ours, loaded = load_model(path, dtype="float32" if quantization == "none" else "auto", quantization=quantization)
+    assert loaded.quantization == ("none" if quantization == "none" else "gguf-float")
     assert loaded.config.architecture == "llama" and loaded.config.tie_word_embeddings
 
     prompts = []

@@ -22,6 +22,7 @@
 #include "dense_bf16.h"
 #include "lora_bgmv.h"
 #include "qlinear.h"
+#include "qlinear_float.h"
 
 #include <vector>
 
@@ -31,11 +32,13 @@ namespace {
 struct Projection {
   torch::Tensor qs, scales;
   int64_t kind, n, k;
+  bool float_act = false;   // packed weights with float activations (qlinear_float) instead of int8
   c10::optional<torch::Tensor> bias;
 
   // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs)
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (kind == 2) return linear_bf16(x, qs, n, k, bias, -1, false);
+    if (float_act) return qlinear_float(x, qs, scales, kind, n, k, bias, -1, false);
     return qlinear(x, qs, scales, kind, n, k, bias, -1);
   }
 };
@@ -131,6 +134,7 @@ class DecodeStack {
     TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16", "DecodeStack: unknown weight kind ", kind);
     p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : 2;
     if (p.kind != 2) p.scales = packed.attr("scales").cast<torch::Tensor>();
+    p.float_act = py::hasattr(packed, "float_act") && packed.attr("float_act").cast<bool>();
     p.n = packed.attr("out_features").cast<int64_t>();
     p.k = packed.attr("in_features").cast<int64_t>();
     py::object bias = packed.attr("bias");

@@ -25,6 +25,7 @@
 #include "decode_stack.h"
 #include "isa.h"
 #include "qlinear.h"
+#include "qlinear_float.h"
 #include "lora_bgmv.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
 
@@ -755,6 +756,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear", &kiln::qlinear, "y = x @ W^T (+ bias) for tiled q4_1 / q8_0 weights", py::arg("x"), py::arg("qs"),
         py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
         py::arg("isa") = -1, py::call_guard<py::gil_scoped_release>());
+  m.def("qlinear_float", &kiln::qlinear_float, "y = x @ W^T (+ bias) for tiled q4_1 / q8_0 weights, float32 activations",
+        py::arg("x"), py::arg("qs"), py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"),
+        py::arg("bias") = py::none(), py::arg("isa") = -1, py::arg("out_float") = false,
+        py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("best_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");

@@ -1,0 +1,482 @@
+// Quantized weights, float activations: y = x @ W^T for the tiled q4_1 / q8_0 weights of qlinear.cpp,
+// with x kept in float32 (bfloat16 x is widened, which is exact). llama.cpp and `qlinear` quantize the
+// activations to int8 per group of 32 for integer dot products; that is faster but moves near-tied
+// greedy tokens of a small model. This kernel reads the same 4/8-bit weights (a third of bfloat16's
+// bytes, so decode streams less memory than the dense path) and multiplies them with the activations
+// as they are: the result is the dequantized weight's product up to float32 rounding.
+//
+// Every output is one fixed sequence of float32 operations, whatever M, the row block, the thread or
+// the ISA (vector lanes are output rows, never K), so the three code paths compute the same bits and a
+// row's result never depends on the batch it shares. Per output row n and activation row x, per group
+// g of 32 K values in order:
+//   lo = fma(q[4c+i], x[4c+i], lo), hi = fma(q[16+4c+i], x[16+4c+i], hi)   for c = 0..3, i = 0..3
+//   acc = fma(d[n, g], lo + hi, acc);   q4_1 also: acc = fma(m[n, g], X[g], acc)
+// with q the integer code (q4_1: 0..15; q8_0: -128..127) and X[g] the group's activations summed in
+// K order. The bias is added last.
+
+#include "qlinear_float.h"
+
+#include "isa.h"
+#include "qlinear.h"
+
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define KILN_QF_X86 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t Q4_1 = 0;
+constexpr int kRows = 16;
+constexpr int kGroup = 32;
+constexpr int kMaxMB = 4;
+
+inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
+inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+struct Problem {
+  int64_t kind, M, N, G;
+  const uint8_t* qs;        // [T, G, qs_group_bytes]
+  const uint16_t* scales;   // [T, G, scale_group_halfs] fp16 bits (q4_1: 16 d, then 16 m)
+  const float* x;           // [M, G * 32] float32, zero past K
+  const float* xsum;        // [M, G] each group's activations summed in K order
+  const float* bias;        // [T * 16] or nullptr
+  void* out;                // [M, N]
+  bool out_bf16;
+};
+
+inline void store(const Problem& p, int64_t m, int64_t t, const float* acc) {
+  const int64_t n0 = t * kRows, cnt = std::min<int64_t>(kRows, p.N - n0);
+  for (int64_t r = 0; r < cnt; ++r) {
+    const float v = acc[r] + (p.bias ? p.bias[n0 + r] : 0.0f);
+    if (p.out_bf16) {
+      static_cast<uint16_t*>(p.out)[m * p.N + n0 + r] = kiln::float_to_bf16_bits(v);
+    } else {
+      static_cast<float*>(p.out)[m * p.N + n0 + r] = v;
+    }
+  }
+}
+
+// The integer code of row r, K index 4c+i (low) or 16+4c+i (high) in a group's bytes.
+inline float code_scalar(int64_t kind, const uint8_t* qg, int c, int r, int i, bool high) {
+  if (kind == Q4_1) {
+    const uint8_t b = qg[c * 64 + r * 4 + i];
+    return static_cast<float>(high ? b >> 4 : b & 0x0F);
+  }
+  return static_cast<float>(static_cast<int32_t>(qg[(high ? c + 4 : c) * 64 + r * 4 + i]) - 128);
+}
+
+void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
+  const int64_t QB = qs_group_bytes(p.kind), SB = scale_group_halfs(p.kind), Kp = p.G * kGroup;
+  for (int64_t j = 0; j < mb; ++j) {
+    const float* x = p.x + (m0 + j) * Kp;
+    float acc[kRows] = {};
+    for (int64_t g = 0; g < p.G; ++g) {
+      const uint8_t* qg = p.qs + (t * p.G + g) * QB;
+      const uint16_t* sg = p.scales + (t * p.G + g) * SB;
+      const float* xg = x + g * kGroup;
+      for (int r = 0; r < kRows; ++r) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            lo = std::fma(code_scalar(p.kind, qg, c, r, i, false), xg[4 * c + i], lo);
+            hi = std::fma(code_scalar(p.kind, qg, c, r, i, true), xg[16 + 4 * c + i], hi);
+          }
+        acc[r] = std::fma(half_to_float(sg[r]), lo + hi, acc[r]);
+        if (p.kind == Q4_1) acc[r] = std::fma(half_to_float(sg[16 + r]), p.xsum[(m0 + j) * p.G + g], acc[r]);
+      }
+    }
+    store(p, m0 + j, t, acc);
+  }
+}
+
+#ifdef KILN_QF_X86
+#define KILN_QF_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KILN_QF_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+// NT consecutive tiles' rows 8h..8h+7 (h = 0, 1) for MB activation rows: lanes are output rows.
+template <bool Q4, int NT, int MB>
+KILN_QF_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kMaxMB][kRows]) {
+  constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  const __m256i nib = _mm256_set1_epi32(0x0F), flip = _mm256_set1_epi32(static_cast<int>(0x80808080u));
+  __m256 acc[NT][MB];
+  for (int a = 0; a < NT; ++a)
+    for (int j = 0; j < MB; ++j) acc[a][j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m256 lo[NT][MB], hi[NT][MB];
+    for (int a = 0; a < NT; ++a)
+      for (int j = 0; j < MB; ++j) lo[a][j] = hi[a][j] = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c) {
+      __m256i vl[NT], vh[NT];
+      for (int a = 0; a < NT; ++a) {
+        const uint8_t* qg = p.qs + ((t + a) * p.G + g) * QB + 32 * h;
+        vl[a] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
+        // q8_0 bytes are code + 128: flipping the top bit makes them the signed code
+        if (!Q4) {
+          vl[a] = _mm256_xor_si256(vl[a], flip);
+          vh[a] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64)), flip);
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        for (int a = 0; a < NT; ++a) {
+          __m256 wl, wh;
+          if (Q4) {
+            wl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl[a], 8 * i), nib));
+            wh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl[a], 8 * i + 4), nib));
+          } else {
+            wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl[a], 24 - 8 * i), 24));
+            wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh[a], 24 - 8 * i), 24));
+          }
+          for (int j = 0; j < MB; ++j) {
+            const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+            lo[a][j] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(xg + 4 * c + i), lo[a][j]);
+            hi[a][j] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(xg + 16 + 4 * c + i), hi[a][j]);
+          }
+        }
+      }
+    }
+    for (int a = 0; a < NT; ++a) {
+      const uint16_t* sg = p.scales + ((t + a) * p.G + g) * SB + 8 * h;
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
+      for (int j = 0; j < MB; ++j) {
+        acc[a][j] = _mm256_fmadd_ps(d, _mm256_add_ps(lo[a][j], hi[a][j]), acc[a][j]);
+        if (Q4) {
+          const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
+          acc[a][j] = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[a][j]);
+        }
+      }
+    }
+  }
+  for (int a = 0; a < NT; ++a)
+    for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a][j] + 8 * h, acc[a][j]);
+}
+
+template <bool Q4, int NT, int MB>
+KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float (*out)[kMaxMB][kRows]) {
+  constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  const __m512i nib = _mm512_set1_epi32(0x0F), flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  __m512 acc[NT][MB];
+  for (int a = 0; a < NT; ++a)
+    for (int j = 0; j < MB; ++j) acc[a][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m512 lo[NT][MB], hi[NT][MB];
+    for (int a = 0; a < NT; ++a)
+      for (int j = 0; j < MB; ++j) lo[a][j] = hi[a][j] = _mm512_setzero_ps();
+    for (int c = 0; c < 4; ++c) {
+      __m512i vl[NT], vh[NT];
+      for (int a = 0; a < NT; ++a) {
+        const uint8_t* qg = p.qs + ((t + a) * p.G + g) * QB;
+        vl[a] = _mm512_loadu_si512(qg + c * 64);
+        if (!Q4) {
+          vl[a] = _mm512_xor_si512(vl[a], flip);
+          vh[a] = _mm512_xor_si512(_mm512_loadu_si512(qg + (c + 4) * 64), flip);
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        for (int a = 0; a < NT; ++a) {
+          __m512 wl, wh;
+          if (Q4) {
+            wl = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(vl[a], 8 * i), nib));
+            wh = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(vl[a], 8 * i + 4), nib));
+          } else {
+            wl = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(vl[a], 24 - 8 * i), 24));
+            wh = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(vh[a], 24 - 8 * i), 24));
+          }
+          for (int j = 0; j < MB; ++j) {
+            const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+            lo[a][j] = _mm512_fmadd_ps(wl, _mm512_set1_ps(xg[4 * c + i]), lo[a][j]);
+            hi[a][j] = _mm512_fmadd_ps(wh, _mm512_set1_ps(xg[16 + 4 * c + i]), hi[a][j]);
+          }
+        }
+      }
+    }
+    for (int a = 0; a < NT; ++a) {
+      const uint16_t* sg = p.scales + ((t + a) * p.G + g) * SB;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+      for (int j = 0; j < MB; ++j) {
+        acc[a][j] = _mm512_fmadd_ps(d, _mm512_add_ps(lo[a][j], hi[a][j]), acc[a][j]);
+        if (Q4) {
+          const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + 16)));
+          acc[a][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[a][j]);
+        }
+      }
+    }
+  }
+  for (int a = 0; a < NT; ++a)
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out[a][j], acc[a][j]);
+}
+
+// Many activation rows (prefill): a tile's codes are converted to float32 once, into a panel in the
+// order the chains read them ([g][c][i][low, high][16 rows]), and every block of rows runs the same
+// chains from the panel: the same operations on the same values, so the same bits as unpacking per row
+// block, without paying the conversion M / 4 times.
+template <bool Q4>
+KILN_QF_AVX2 void unpack_avx2(const Problem& p, int64_t t, float* panel) {
+  constexpr int64_t QB = Q4 ? 256 : 512;
+  const __m256i nib = _mm256_set1_epi32(0x0F), flip = _mm256_set1_epi32(static_cast<int>(0x80808080u));
+  for (int64_t g = 0; g < p.G; ++g)
+    for (int h = 0; h < 2; ++h)
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
+        __m256i vl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), vh = vl;
+        if (!Q4) {
+          vl = _mm256_xor_si256(vl, flip);
+          vh = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64)), flip);
+        }
+        for (int i = 0; i < 4; ++i) {
+          float* dst = panel + (((g * 4 + c) * 4 + i) * 2) * kRows + 8 * h;
+          __m256 wl, wh;
+          if (Q4) {
+            wl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i), nib));
+            wh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i + 4), nib));
+          } else {
+            wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl, 24 - 8 * i), 24));
+            wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh, 24 - 8 * i), 24));
+          }
+          _mm256_storeu_ps(dst, wl);
+          _mm256_storeu_ps(dst + kRows, wh);
+        }
+      }
+}
+
+template <bool Q4, int MB>
+KILN_QF_AVX2 void panel_avx2(const Problem& p, int64_t t, int64_t m0, int h, const float* panel, float (*out)[kRows]) {
+  constexpr int64_t SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  __m256 acc[MB];
+  for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m256 lo[MB], hi[MB];
+    for (int j = 0; j < MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) {
+        const float* src = panel + (((g * 4 + c) * 4 + i) * 2) * kRows + 8 * h;
+        const __m256 wl = _mm256_loadu_ps(src), wh = _mm256_loadu_ps(src + kRows);
+        for (int j = 0; j < MB; ++j) {
+          const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+          lo[j] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(xg + 4 * c + i), lo[j]);
+          hi[j] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(xg + 16 + 4 * c + i), hi[j]);
+        }
+      }
+    const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
+    for (int j = 0; j < MB; ++j) {
+      acc[j] = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j], hi[j]), acc[j]);
+      if (Q4) {
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
+        acc[j] = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
+}
+
+template <bool Q4, int MB>
+KILN_QF_AVX512 void panel_avx512(const Problem& p, int64_t t, int64_t m0, const float* panel, float (*out)[kRows]) {
+  constexpr int64_t SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  __m512 acc[MB];
+  for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m512 lo[MB], hi[MB];
+    for (int j = 0; j < MB; ++j) lo[j] = hi[j] = _mm512_setzero_ps();
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) {
+        const float* src = panel + (((g * 4 + c) * 4 + i) * 2) * kRows;
+        const __m512 wl = _mm512_loadu_ps(src), wh = _mm512_loadu_ps(src + kRows);
+        for (int j = 0; j < MB; ++j) {
+          const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+          lo[j] = _mm512_fmadd_ps(wl, _mm512_set1_ps(xg[4 * c + i]), lo[j]);
+          hi[j] = _mm512_fmadd_ps(wh, _mm512_set1_ps(xg[16 + 4 * c + i]), hi[j]);
+        }
+      }
+    const uint16_t* sg = p.scales + (t * p.G + g) * SB;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+    for (int j = 0; j < MB; ++j) {
+      acc[j] = _mm512_fmadd_ps(d, _mm512_add_ps(lo[j], hi[j]), acc[j]);
+      if (Q4) {
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + 16)));
+        acc[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out[j], acc[j]);
+}
+
+// Rows [0, M) of tiles [t0, t1) through panels (M above one row block).
+template <bool Q4>
+void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<size_t>(p.G * kGroup * kRows));
+  float out[kMaxMB][kRows];
+  for (int64_t t = t0; t < t1; ++t) {
+    unpack_avx2<Q4>(p, t, panel.data());
+    for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
+      const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, p.M - m0));
+#define KILN_QF_PANEL(MB)                                             \
+  if (avx512) {                                                       \
+    panel_avx512<Q4, MB>(p, t, m0, panel.data(), out);                \
+  } else {                                                            \
+    panel_avx2<Q4, MB>(p, t, m0, 0, panel.data(), out);               \
+    panel_avx2<Q4, MB>(p, t, m0, 1, panel.data(), out);               \
+  }
+      switch (mb) {
+        case 1: KILN_QF_PANEL(1) break;
+        case 2: KILN_QF_PANEL(2) break;
+        case 3: KILN_QF_PANEL(3) break;
+        default: KILN_QF_PANEL(4) break;
+      }
+#undef KILN_QF_PANEL
+      for (int j = 0; j < mb; ++j) store(p, m0 + j, t, out[j]);
+    }
+  }
+}
+
+// Few activation rows: several tiles side by side (independent chains hide the FMA latency);
+// more rows: one tile, up to 4 rows sharing each unpacked weight vector.
+template <bool Q4>
+void run_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
+  float out[4][kMaxMB][kRows];
+  for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
+    const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, p.M - m0));
+    const int nt = mb == 1 ? 4 : mb == 2 ? 2 : 1;
+    for (int64_t t = t0; t < t1;) {
+      const int n = static_cast<int>(std::min<int64_t>(nt, t1 - t));
+#define KILN_QF_CALL(NT, MB)                                                      \
+  if (avx512) {                                                                   \
+    tiles_avx512<Q4, NT, MB>(p, t, m0, out);                                      \
+  } else {                                                                        \
+    tiles_avx2<Q4, NT, MB>(p, t, m0, 0, out);                                     \
+    tiles_avx2<Q4, NT, MB>(p, t, m0, 1, out);                                     \
+  }
+      if (n == 4 && mb == 1) {
+        KILN_QF_CALL(4, 1)
+      } else if (n == 2 && mb == 2) {
+        KILN_QF_CALL(2, 2)
+      } else {
+        switch (mb) {
+          case 1: KILN_QF_CALL(1, 1) break;
+          case 2: KILN_QF_CALL(1, 2) break;
+          case 3: KILN_QF_CALL(1, 3) break;
+          default: KILN_QF_CALL(1, 4) break;
+        }
+      }
+#undef KILN_QF_CALL
+      const int done = (n == 4 && mb == 1) || (n == 2 && mb == 2) ? n : 1;
+      for (int a = 0; a < done; ++a)
+        for (int j = 0; j < mb; ++j) store(p, m0 + j, t + a, out[a][j]);
+      t += done;
+    }
+  }
+}
+#endif
+
+enum Path { SCALAR, AVX2, AVX512 };
+
+Path path_for(int64_t isa) {
+  if (isa >= kiln::ISA_AVX512) return AVX512;
+  if (isa >= kiln::ISA_AVX2) return AVX2;
+  return SCALAR;
+}
+
+torch::Tensor qlinear_float_2d(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales,
+                               int64_t kind, int64_t n, const c10::optional<torch::Tensor>& bias, int64_t isa,
+                               bool out_float) {
+  TORCH_CHECK_VALUE(kind == 0 || kind == 1, "kiln qlinear_float: unknown weight kind ", kind);
+  const int64_t M = x.size(0), K = x.size(1), G = (K + kGroup - 1) / kGroup, Kp = G * kGroup;
+  TORCH_CHECK_VALUE(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous() && qs.dim() == 3 && qs.size(1) == G &&
+                        qs.size(2) == qs_group_bytes(kind),
+                    "kiln qlinear_float: packed weights do not match x (K = ", K, ")");
+  const int64_t T = qs.size(0);
+  TORCH_CHECK_VALUE(scales.scalar_type() == torch::kFloat16 && scales.is_contiguous() &&
+                        scales.numel() == T * G * scale_group_halfs(kind),
+                    "kiln qlinear_float: scales do not match the packed weights");
+  TORCH_CHECK_VALUE(n > (T - 1) * kRows && n <= T * kRows, "kiln qlinear_float: out_features ", n,
+                    " does not match ", T, " tiles");
+  const Path path = path_for(kiln::resolve_isa(isa, "kiln qlinear_float"));
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  auto y = torch::empty({M, n}, x.options().dtype(out_float || !bf16 ? torch::kFloat32 : torch::kBFloat16));
+  if (M == 0 || n == 0) return y;
+
+  // float32 activations padded to whole groups, and each group's sum in K order (q4_1's m term)
+  thread_local std::vector<float> xf, xsum;
+  xf.assign(static_cast<size_t>(M * Kp), 0.0f);
+  xsum.resize(static_cast<size_t>(M * G));
+  for (int64_t m = 0; m < M; ++m) {
+    float* dst = xf.data() + m * Kp;
+    if (bf16) {
+      const auto* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + m * K;
+      for (int64_t i = 0; i < K; ++i) dst[i] = kiln::bf16_bits_to_float(src[i]);
+    } else {
+      std::memcpy(dst, x.data_ptr<float>() + m * K, sizeof(float) * K);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.0f;
+      for (int i = 0; i < kGroup; ++i) s += dst[g * kGroup + i];
+      xsum[m * G + g] = s;
+    }
+  }
+  std::vector<float> bias_pad;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, "kiln qlinear_float: bias must have n elements");
+    auto b = bias->to(torch::kFloat32).contiguous();
+    bias_pad.assign(static_cast<size_t>(T * kRows), 0.0f);
+    std::memcpy(bias_pad.data(), b.data_ptr<float>(), sizeof(float) * n);
+  }
+  const bool out_bf16 = y.scalar_type() == torch::kBFloat16;
+  const Problem p{kind, M, n, G, qs.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
+                  xf.data(), xsum.data(), bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(), out_bf16};
+  // chunks of consecutive tiles (a few KB of weights each, whole groups of 4 for the side-by-side decode)
+  const int64_t tile_bytes = G * (qs_group_bytes(kind) + 2 * scale_group_halfs(kind));
+  const int64_t per_chunk = std::max<int64_t>(4, ((int64_t{32} << 10) / tile_bytes + 3) / 4 * 4);
+  const int64_t chunks = (T + per_chunk - 1) / per_chunk;
+  kiln::parallel_tasks(chunks, [&](int64_t c) {
+    const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);
+#ifdef KILN_QF_X86
+    if (path != SCALAR && M > kMaxMB) {
+      return kind == Q4_1 ? run_panel_x86<true>(p, t0, t1, path == AVX512)
+                          : run_panel_x86<false>(p, t0, t1, path == AVX512);
+    }
+    if (path != SCALAR) {
+      return kind == Q4_1 ? run_x86<true>(p, t0, t1, path == AVX512) : run_x86<false>(p, t0, t1, path == AVX512);
+    }
+#endif
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) tile_scalar(p, t, m0, std::min<int64_t>(kMaxMB, M - m0));
+  });
+  return y;
+}
+
+}  // namespace
+
+namespace kiln {
+
+torch::Tensor qlinear_float(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
+                            int64_t n, int64_t k, const c10::optional<torch::Tensor>& bias, int64_t isa,
+                            bool out_float) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == k, "kiln qlinear_float: x has ", x.dim() ? x.size(-1) : 0,
+                    " features, the weight expects ", k);
+  TORCH_CHECK_VALUE(x.device().is_cpu() && at::isFloatingType(x.scalar_type()),
+                    "kiln qlinear_float: x must be a floating point CPU tensor");
+  const auto dtype = x.scalar_type();
+  const bool native = dtype == torch::kFloat32 || dtype == torch::kBFloat16;
+  auto x2 = (native ? x : x.to(torch::kFloat32)).reshape({-1, k}).contiguous();
+  auto y = qlinear_float_2d(x2, qs, scales, kind, n, bias, isa, out_float);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  y = y.view(sizes);
+  return native || out_float ? y : y.to(dtype);
+}
+
+}  // namespace kiln
