@@ -282,6 +282,49 @@ KILN_QF_AVX2 void panel_avx2(const Problem& p, int64_t t, int64_t m0, int h, con
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
 }
 
+// Both halves of a tile per pass (MB <= 2 rows): each activation broadcast feeds all 16 output rows,
+// half the broadcasts per FMA of the one-half form.
+template <bool Q4, int MB>
+KILN_QF_AVX2 void panel16_avx2(const Problem& p, int64_t t, int64_t m0, const float* panel, float (*out)[kRows]) {
+  constexpr int64_t SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  __m256 acc[MB][2];
+  for (int j = 0; j < MB; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m256 lo[MB][2], hi[MB][2];
+    for (int j = 0; j < MB; ++j) lo[j][0] = lo[j][1] = hi[j][0] = hi[j][1] = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) {
+        const float* src = panel + (((g * 4 + c) * 4 + i) * 2) * kRows;
+        const __m256 wl0 = _mm256_loadu_ps(src), wl1 = _mm256_loadu_ps(src + 8);
+        const __m256 wh0 = _mm256_loadu_ps(src + kRows), wh1 = _mm256_loadu_ps(src + kRows + 8);
+        for (int j = 0; j < MB; ++j) {
+          const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+          const __m256 xl = _mm256_broadcast_ss(xg + 4 * c + i), xh = _mm256_broadcast_ss(xg + 16 + 4 * c + i);
+          lo[j][0] = _mm256_fmadd_ps(wl0, xl, lo[j][0]);
+          lo[j][1] = _mm256_fmadd_ps(wl1, xl, lo[j][1]);
+          hi[j][0] = _mm256_fmadd_ps(wh0, xh, hi[j][0]);
+          hi[j][1] = _mm256_fmadd_ps(wh1, xh, hi[j][1]);
+        }
+      }
+    const uint16_t* sg = p.scales + (t * p.G + g) * SB;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
+      for (int j = 0; j < MB; ++j) {
+        acc[j][h] = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j][h], hi[j][h]), acc[j][h]);
+        if (Q4) {
+          const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
+          acc[j][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[j][h]);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < MB; ++j) {
+    _mm256_storeu_ps(out[j], acc[j][0]);
+    _mm256_storeu_ps(out[j] + 8, acc[j][1]);
+  }
+}
+
 template <bool Q4, int MB>
 KILN_QF_AVX512 void panel_avx512(const Problem& p, int64_t t, int64_t m0, const float* panel, float (*out)[kRows]) {
   constexpr int64_t SB = Q4 ? 32 : 16;
@@ -331,11 +374,17 @@ void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
     panel_avx2<Q4, MB>(p, t, m0, 0, panel.data(), out);               \
     panel_avx2<Q4, MB>(p, t, m0, 1, panel.data(), out);               \
   }
-      switch (mb) {
-        case 1: KILN_QF_PANEL(1) break;
-        case 2: KILN_QF_PANEL(2) break;
-        case 3: KILN_QF_PANEL(3) break;
-        default: KILN_QF_PANEL(4) break;
+      if (!avx512 && mb >= 2) {   // pairs of rows through both halves at once
+        panel16_avx2<Q4, 2>(p, t, m0, panel.data(), out);
+        if (mb == 3) panel16_avx2<Q4, 1>(p, t, m0 + 2, panel.data(), out + 2);
+        if (mb == 4) panel16_avx2<Q4, 2>(p, t, m0 + 2, panel.data(), out + 2);
+      } else {
+        switch (mb) {
+          case 1: KILN_QF_PANEL(1) break;
+          case 2: KILN_QF_PANEL(2) break;
+          case 3: KILN_QF_PANEL(3) break;
+          default: KILN_QF_PANEL(4) break;
+        }
       }
 #undef KILN_QF_PANEL
       for (int j = 0; j < mb; ++j) store(p, m0 + j, t, out[j]);
@@ -439,7 +488,10 @@ torch::Tensor qlinear_float_2d(const torch::Tensor& x, const torch::Tensor& qs, 
                   xf.data(), xsum.data(), bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(), out_bf16};
   // chunks of consecutive tiles (a few KB of weights each, whole groups of 4 for the side-by-side decode)
   const int64_t tile_bytes = G * (qs_group_bytes(kind) + 2 * scale_group_halfs(kind));
-  const int64_t per_chunk = std::max<int64_t>(4, ((int64_t{32} << 10) / tile_bytes + 3) / 4 * 4);
+  // chunks of 4 tiles (the side-by-side decode's group) for thin weights, fewer for wide ones: enough
+  // chunks that the threads finish together (a 576-row projection is 36 tiles)
+  const int64_t per_chunk = std::max<int64_t>(4, std::min<int64_t>(((int64_t{32} << 10) / tile_bytes + 3) / 4 * 4,
+                                                                    (T / 16 + 3) / 4 * 4));
   const int64_t chunks = (T + per_chunk - 1) / per_chunk;
   kiln::parallel_tasks(chunks, [&](int64_t c) {
     const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);
