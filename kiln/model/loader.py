@@ -98,7 +98,6 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     return "gguf-float" if total and packable * 2 >= total else "none"
 
 
-
 def load_model(
     path: str | Path, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
     quantization: str = "none",
@@ -112,7 +111,8 @@ def load_model(
     the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
     (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations
     are quantized to 8 bits per group of 32 (as llama.cpp does), so logits differ slightly from the
-    dense path: near-ties between the top tokens can flip, which is why "none" is the default.
+    dense path: near-ties between the top tokens can flip, which is why the server's "auto" picks
+    "gguf-float" instead.
     "gguf-float" serves the same GGUF blocks with float activations (kernels/qlinear_float.cpp): the
     dequantized weights' products up to float32 rounding, from a third of bfloat16's bytes."""
     if quantization not in QUANTIZATIONS:
