@@ -76,6 +76,7 @@ struct Problem {
   const int8_t* xq;         // [M, Kp]
   const float* xd;          // [M, G] activation scales
   const float* xs;          // [M, G] activation scale * sum of the group's int8 values
+  const int32_t* xi;        // [M, G] the sum of the group's int8 values (the AVX2 path only)
   const float* bias;        // [T * 16] or nullptr
   void* out;                // [M, N]
   bool out_bf16;
@@ -306,25 +307,9 @@ void tile_avx512_any(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
 
 #define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-// Sum of 4 u8*s8 products per int32 lane, exactly (no int16 saturation even for u8 up to 255).
-template <int64_t KIND>
-KILN_AVX2 inline __m256i dot4_avx2(__m256i acc, __m256i w, __m256i x) {
-  if constexpr (KIND == Q4_1) {
-    // nibbles <= 15: pairwise u8*s8 sums stay far inside int16
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-  } else {
-    const __m256i w_even = _mm256_and_si256(w, _mm256_set1_epi16(0x00FF));
-    const __m256i w_odd = _mm256_srli_epi16(w, 8);
-    const __m256i x_even = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8);
-    const __m256i x_odd = _mm256_srai_epi16(x, 8);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w_even, x_even));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w_odd, x_odd));
-  }
-}
-
 // quantize_rows_scalar on AVX2: the same amax, scale, round-half-even (MXCSR's default) and sums.
 KILN_AVX2 void quantize_rows_avx2(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xd,
-                                  float* xs) {
+                                  float* xs, int32_t* xi) {
   const int64_t Kp = G * kGroup;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -369,6 +354,7 @@ KILN_AVX2 void quantize_rows_avx2(const void* x, bool bf16, int64_t M, int64_t K
       const float d = amax / 127.0f;
       xd[m * G + g] = d;
       xs[m * G + g] = d * static_cast<float>(sum);
+      if (xi) xi[m * G + g] = sum;
     }
   }
 }
@@ -387,6 +373,7 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MB];
   for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
+  [[maybe_unused]] alignas(32) int8_t qsign[KIND == Q8_0 ? 8 : 1][32];   // q8_0: the group's signed weights
   for (int64_t g = 0; g < p.G; ++g) {
     const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
     const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
@@ -401,8 +388,16 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
       }
     } else {
+      // The stored bytes are q + 128; u8 * s8 pair sums of those overflow maddubs' int16. Instead
+      // w = |q| (at most 128) times x with q's sign (|x| <= 127): a pair is at most 32512, exact.
+      // sum((q + 128) x) = sum(q x) + 128 sum(x): the same integer as before, so the same bits.
       mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
-      for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
+      for (int c = 0; c < 8; ++c) {
+        const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)),
+                                           _mm256_set1_epi8(static_cast<char>(0x80)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(qsign[c]), q);
+        w[c] = _mm256_abs_epi8(q);
+      }
     }
     for (int j = 0; j < MB; ++j) {
       const int64_t m = m0 + j;
@@ -420,10 +415,15 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
         }
         sum32 = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
       } else {
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i s0 = _mm256_set1_epi32(128 * p.xi[m * p.G + g]), s1 = _mm256_setzero_si256();
         for (int c = 0; c < 8; c += 2) {
-          s0 = dot4_avx2<KIND>(s0, w[c], bcast4_avx2(xg + c * 4));
-          s1 = dot4_avx2<KIND>(s1, w[c + 1], bcast4_avx2(xg + c * 4 + 4));
+          const __m256i x0 = _mm256_sign_epi8(bcast4_avx2(xg + c * 4),
+                                              _mm256_load_si256(reinterpret_cast<const __m256i*>(qsign[c])));
+          const __m256i x1 = _mm256_sign_epi8(bcast4_avx2(xg + c * 4 + 4),
+                                              _mm256_load_si256(reinterpret_cast<const __m256i*>(qsign[c + 1])));
+          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], x0), ones));
+          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w[c + 1], x1), ones));
         }
         sum32 = _mm256_add_epi32(s0, s1);
       }
@@ -606,14 +606,16 @@ int64_t resolve_isa(int64_t isa) {
 struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> xd, xs, bias;
+  std::vector<int32_t> xi;
 };
 thread_local Scratch scratch;
 
+// xi (integer group sums, which only the AVX2 tiles read) may be null.
 void quantize_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
-                   float* xd, float* xs) {
+                   float* xd, float* xs, int32_t* xi = nullptr) {
 #ifdef KILN_X86
   if (isa == ISA_AVX512_VNNI) return quantize_rows_avx512(x, bf16, M, K, G, xq, xd, xs);
-  if (isa == ISA_AVX2) return quantize_rows_avx2(x, bf16, M, K, G, xq, xd, xs);
+  if (isa == ISA_AVX2) return quantize_rows_avx2(x, bf16, M, K, G, xq, xd, xs, xi);
 #endif
   quantize_rows_scalar(x, bf16, M, K, G, xq, xd, xs);
 }
@@ -663,8 +665,10 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
   s.xq.resize(M * Kp);
   s.xd.resize(M * G);
   s.xs.resize(M * G);
+  const bool sums = isa == ISA_AVX2 && kind == Q8_0;
+  if (sums) s.xi.resize(M * G);
   quantize_rows(isa, x.data_ptr(), x.scalar_type() == torch::kBFloat16, M, K, G, s.xq.data(), s.xd.data(),
-                s.xs.data());
+                s.xs.data(), sums ? s.xi.data() : nullptr);
   const float* bias_ptr = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "kiln qlinear: bias must have out_features elements");
@@ -676,7 +680,7 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
 
   const Problem p{kind, M, n, G, Kp, qs.data_ptr<uint8_t>(),
                   reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()), s.xq.data(), s.xd.data(),
-                  s.xs.data(), bias_ptr, y.data_ptr(), x.scalar_type() == torch::kBFloat16};
+                  s.xs.data(), sums ? s.xi.data() : nullptr, bias_ptr, y.data_ptr(), x.scalar_type() == torch::kBFloat16};
 
   // Chunks of consecutive tiles: long enough runs of memory that a thread streams its weights (a
   // chunk of one 9 KB tile left the 8-row head waiting on DRAM for twice its compute time), and
