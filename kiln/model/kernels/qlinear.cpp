@@ -13,8 +13,9 @@
 // per-group scales apply to whole vectors. Several activation rows reuse every unpacked weight
 // register, so batched decode reads the weights once.
 //
-// Three code paths compute bit-identical results (same operations in the same order): AVX512-VNNI,
-// AVX2 (no VNNI: maddubs / madd emulation) and portable scalar C++. Each SIMD function carries its
+// Three code paths compute bit-identical results (the same integer sums, then the same float
+// operations in the same order): AVX512-VNNI, AVX2 (no VNNI: maddubs / madd, q8_0 through |q| and
+// sign-adjusted activations) and portable scalar C++. Each SIMD function carries its
 // own target attribute, so the library itself is built for the baseline ISA and stays loadable on
 // any x86-64 (or other) CPU; the path is picked at run time from cpuid.
 
@@ -76,7 +77,7 @@ struct Problem {
   const int8_t* xq;         // [M, Kp]
   const float* xd;          // [M, G] activation scales
   const float* xs;          // [M, G] activation scale * sum of the group's int8 values
-  const int32_t* xi;        // [M, G] the sum of the group's int8 values (the AVX2 path only)
+  const int32_t* xi;        // [M, G] the sum of the group's int8 values (filled for the AVX2 q8_0 tiles only)
   const float* bias;        // [T * 16] or nullptr
   void* out;                // [M, N]
   bool out_bf16;
