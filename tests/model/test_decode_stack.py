@@ -75,6 +75,24 @@ def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, 
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
 
 
+def test_a_wide_decode_step_through_the_stack_equals_the_layer_by_layer_path(tmp_path, monkeypatch):
+    # 150 rows: more than one of the stack's silu(gate) * up tasks takes (128 rows of the tiny 128-wide MLP)
+    model = _packed(tmp_path, "llama")
+    n = 150
+    tables = [[1 + i] for i in range(n)]
+    prompts = [[i % 96, (5 * i) % 96] for i in range(n)]
+    steps = []
+    for use_stack in (True, False):
+        monkeypatch.setattr(transformer_module, "use_decode_stack", use_stack)
+        cache = KVCache(model.config, n + 1, BLOCK, model.dtype, "cpu")
+        _forward(model, cache, [(t, p, 0) for t, p in zip(tables, prompts, strict=True)])
+        steps.append(_forward(model, cache, [(t, [*p, (3 * i) % 96], len(p))
+                                             for i, (t, p) in enumerate(zip(tables, prompts, strict=True))]))
+        if use_stack:
+            assert model._decode_stack not in (None, False), "the stack should have run"
+    assert torch.equal(steps[0], steps[1])
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_dense_bfloat16_tiles_run_in_the_stack_with_identical_bits(each_isa, tmp_path, monkeypatch, kind):
     model = _packed(tmp_path, kind, quantization="none", dtype="bfloat16")

@@ -212,6 +212,40 @@ def test_every_code_path_gives_identical_bits(kind: str, dtype: torch.dtype) -> 
 
 
 @needs_kernels
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_every_code_path_gives_identical_bits_at_every_batch_size(kind: str) -> None:
+    # K = 600: 19 groups, the last one partial (the AVX2 tiles take groups in runs of 16); batches
+    # of 1..9 and 17 rows cover every row count a pass over a tile takes, and 2 passes plus a rest
+    packed = pack(kind, weight(40, 600))
+    for m in (*range(1, 10), 17):
+        x = activations(m, 600, torch.bfloat16, seed=m)
+        outputs = [quant_linear(x, packed, isa=isa) for isa in supported_isas()]
+        for y in outputs[1:]:
+            assert torch.equal(y, outputs[0]), m
+        alone = torch.cat([quant_linear(x[i:i + 1], packed) for i in range(m)])
+        assert torch.equal(alone, outputs[0]), m
+
+
+@needs_kernels
+def test_q8_0_codes_at_both_ends_give_identical_bits_on_every_code_path() -> None:
+    # GGUF Q8_0 may hold -128 (pack_q8_0 itself stops at -127): the extremes of every product
+    n, k = 24, 96
+    codes = torch.randint(-128, 128, (n, k), generator=torch.Generator().manual_seed(3), dtype=torch.int8)
+    codes[:, ::3] = -128
+    codes[:, 1::3] = 127
+    d = torch.full((n, k // 32, 1), 0.01, dtype=torch.float16)
+    blocks = torch.cat([d.view(torch.uint8).view(n, k // 32, 2), codes.view(torch.uint8).view(n, k // 32, 32)], -1)
+    packed = pack_q8_0_from_gguf(blocks.reshape(-1), (n, k))
+    x = activations(9, k)
+    x[:, ::2] = -x.abs().amax(1, keepdim=True)   # activations at -127 after quantization
+    outputs = [quant_linear(x, packed, isa=isa) for isa in supported_isas()]
+    for y in outputs[1:]:
+        assert torch.equal(y, outputs[0])
+    ref = quant_linear_reference(x, packed)
+    torch.testing.assert_close(outputs[0], ref, rtol=1e-5, atol=1e-4 * float(ref.abs().max()))
+
+
+@needs_kernels
 def test_bias_is_added() -> None:
     packed = pack_q4_1(weight(48, 576))
     x = activations(3, 576)

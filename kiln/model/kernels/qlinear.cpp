@@ -13,8 +13,9 @@
 // per-group scales apply to whole vectors. Several activation rows reuse every unpacked weight
 // register, so batched decode reads the weights once.
 //
-// Three code paths compute bit-identical results (same operations in the same order): AVX512-VNNI,
-// AVX2 (no VNNI: maddubs / madd emulation) and portable scalar C++. Each SIMD function carries its
+// Three code paths compute bit-identical results (the same integer sums, then the same float
+// operations in the same order): AVX512-VNNI, AVX2 (no VNNI: maddubs / madd, q8_0 through |q| and
+// sign-adjusted activations) and portable scalar C++. Each SIMD function carries its
 // own target attribute, so the library itself is built for the baseline ISA and stays loadable on
 // any x86-64 (or other) CPU; the path is picked at run time from cpuid.
 
@@ -77,6 +78,7 @@ struct Problem {
   const int8_t* xq;         // [M, Kp]
   const float* xd;          // [M, G] activation scales
   const float* xs;          // [M, G] activation scale * sum of the group's int8 values
+  const int32_t* xi;        // [M, G] the sum of the group's int8 values (filled for the AVX2 q8_0 tiles only)
   const float* bias;        // [T * 16] or nullptr
   void* out;                // [M, N]
   bool out_bf16;
@@ -307,25 +309,9 @@ void tile_avx512_any(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
 
 #define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-// Sum of 4 u8*s8 products per int32 lane, exactly (no int16 saturation even for u8 up to 255).
-template <int64_t KIND>
-KILN_AVX2 inline __m256i dot4_avx2(__m256i acc, __m256i w, __m256i x) {
-  if constexpr (KIND == Q4_1) {
-    // nibbles <= 15: pairwise u8*s8 sums stay far inside int16
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-  } else {
-    const __m256i w_even = _mm256_and_si256(w, _mm256_set1_epi16(0x00FF));
-    const __m256i w_odd = _mm256_srli_epi16(w, 8);
-    const __m256i x_even = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8);
-    const __m256i x_odd = _mm256_srai_epi16(x, 8);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w_even, x_even));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w_odd, x_odd));
-  }
-}
-
 // quantize_rows_scalar on AVX2: the same amax, scale, round-half-even (MXCSR's default) and sums.
 KILN_AVX2 void quantize_rows_avx2(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xd,
-                                  float* xs) {
+                                  float* xs, int32_t* xi) {
   const int64_t Kp = G * kGroup;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -370,6 +356,7 @@ KILN_AVX2 void quantize_rows_avx2(const void* x, bool bf16, int64_t M, int64_t K
       const float d = amax / 127.0f;
       xd[m * G + g] = d;
       xs[m * G + g] = d * static_cast<float>(sum);
+      if (xi) xi[m * G + g] = sum;
     }
   }
 }
@@ -380,57 +367,93 @@ KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// Rows 8h .. 8h+7 of a tile (bytes 32h .. 32h+31 of every 64-byte block).
+// Rows 8h .. 8h+7 of a tile (bytes 32h .. 32h+31 of every 64-byte block), for MB <= kMaxMB
+// activation rows. A run of up to kRunGroups groups goes in two passes: the integer dot products of
+// every (row, group) into a small buffer, then the scales into the accumulators, group by group in
+// order (the same operations in the same order as one pass). Split so, the integer pass carries no
+// dependency from one group to the next and needs few registers (all MB rows share one unpacking
+// of the weights), and the float pass keeps MB accumulators in registers: one pass with both
+// spilled the accumulators and waited on their store-to-load round trip every group.
+constexpr int64_t kRunGroups = 16;
+
+// The integer sums of one group for 8 output rows and MB activation rows (int32 lanes = rows).
+template <int64_t KIND, int MB>
+KILN_AVX2 inline void group_sums_avx2(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g, __m256i* sums) {
+  __m256i w[8];
+  [[maybe_unused]] alignas(32) int8_t qsign[KIND == Q8_0 ? 8 : 1][32];   // q8_0: the group's signed weights
+  if constexpr (KIND == Q4_1) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
+      w[c] = _mm256_and_si256(v, low4);
+      w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+  } else {
+    // The stored bytes are q + 128; u8 * s8 pair sums of those overflow maddubs' int16. Instead
+    // w = |q| (at most 128) times x with q's sign (|x| <= 127): a pair is at most 32512, exact.
+    // sum((q + 128) x) = sum(q x) + 128 sum(x): the same integer as before, so the same bits.
+    for (int c = 0; c < 8; ++c) {
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qsign[c]), q);
+      w[c] = _mm256_abs_epi8(q);
+    }
+  }
+  for (int j = 0; j < MB; ++j) {
+    const int64_t m = m0 + j;
+    const int8_t* xg = p.xq + m * p.Kp + g * kGroup;
+    if constexpr (KIND == Q4_1) {
+      // a pair of nibble * int8 products is at most 2 * 15 * 127 = 3810 in magnitude (activations
+      // are quantized to +-127), so the group's 8 pair sums per int16 lane (30480) cannot
+      // overflow: add them as int16, widen once. The same integers as summing in int32.
+      __m256i p0 = _mm256_maddubs_epi16(w[0], bcast4_avx2(xg));
+      __m256i p1 = _mm256_maddubs_epi16(w[1], bcast4_avx2(xg + 4));
+      for (int c = 2; c < 8; c += 2) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[c], bcast4_avx2(xg + c * 4)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[c + 1], bcast4_avx2(xg + c * 4 + 4)));
+      }
+      sums[j] = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+    } else {
+      const __m256i ones = _mm256_set1_epi16(1);
+      __m256i s0 = _mm256_set1_epi32(128 * p.xi[m * p.G + g]), s1 = _mm256_setzero_si256();
+      for (int c = 0; c < 8; c += 2) {
+        const __m256i x0 = _mm256_sign_epi8(bcast4_avx2(xg + c * 4),
+                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(qsign[c])));
+        const __m256i x1 = _mm256_sign_epi8(bcast4_avx2(xg + c * 4 + 4),
+                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(qsign[c + 1])));
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], x0), ones));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w[c + 1], x1), ones));
+      }
+      sums[j] = _mm256_add_epi32(s0, s1);
+    }
+  }
+}
+
 template <int64_t KIND, int MB>
 KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kRows]) {
   constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
   constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MB];
   for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < p.G; ++g) {
-    const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
-    const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
-    __m256i w[8];
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
-    __m256 mw;
-    if constexpr (KIND == Q4_1) {
-      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
-        w[c] = _mm256_and_si256(v, low4);
-        w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  // a few rows fit in registers as they are: one pass (a buffered run only costs them time)
+  constexpr int64_t run = MB <= 3 ? 1 : kRunGroups;
+  __m256i sums[run][MB];
+  for (int64_t g0 = 0; g0 < p.G; g0 += run) {
+    const int64_t gn = std::min<int64_t>(run, p.G - g0);
+    for (int64_t i = 0; i < gn; ++i)
+      group_sums_avx2<KIND, MB>(p, p.qs + (t * p.G + g0 + i) * QB + 32 * h, m0, g0 + i, sums[i]);
+    for (int64_t i = 0; i < gn; ++i) {
+      const int64_t g = g0 + i;
+      const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
+      const __m256 mw = KIND == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)))
+                                     : _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+      for (int j = 0; j < MB; ++j) {
+        const int64_t m = m0 + j;
+        const __m256 isum = _mm256_cvtepi32_ps(sums[i][j]);
+        const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[j]);
+        acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
       }
-    } else {
-      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
-      for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64));
-    }
-    for (int j = 0; j < MB; ++j) {
-      const int64_t m = m0 + j;
-      const int8_t* xg = p.xq + m * p.Kp + g * kGroup;
-      __m256i sum32;
-      if constexpr (KIND == Q4_1) {
-        // a pair of nibble * int8 products is at most 2 * 15 * 127 = 3810 in magnitude (activations
-        // are quantized to +-127), so the group's 8 pair sums per int16 lane (30480) cannot
-        // overflow: add them as int16, widen once. The same integers as summing in int32.
-        __m256i p0 = _mm256_maddubs_epi16(w[0], bcast4_avx2(xg));
-        __m256i p1 = _mm256_maddubs_epi16(w[1], bcast4_avx2(xg + 4));
-        for (int c = 2; c < 8; c += 2) {
-          p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[c], bcast4_avx2(xg + c * 4)));
-          p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[c + 1], bcast4_avx2(xg + c * 4 + 4)));
-        }
-        sum32 = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
-      } else {
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c += 2) {
-          s0 = dot4_avx2<KIND>(s0, w[c], bcast4_avx2(xg + c * 4));
-          s1 = dot4_avx2<KIND>(s1, w[c + 1], bcast4_avx2(xg + c * 4 + 4));
-        }
-        sum32 = _mm256_add_epi32(s0, s1);
-      }
-      const __m256 isum = _mm256_cvtepi32_ps(sum32);
-      const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[j]);
-      acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
     }
   }
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
@@ -444,16 +467,11 @@ void tile_avx2(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
       case 1: half_tile_avx2<KIND, 1>(p, t, m0, h, out); break;
       case 2: half_tile_avx2<KIND, 2>(p, t, m0, h, out); break;
       case 3: half_tile_avx2<KIND, 3>(p, t, m0, h, out); break;
-      default:
-        for (int64_t j = 0; j < mb; j += 4) {
-          const int64_t n = std::min<int64_t>(4, mb - j);
-          switch (n) {
-            case 1: half_tile_avx2<KIND, 1>(p, t, m0 + j, h, out + j); break;
-            case 2: half_tile_avx2<KIND, 2>(p, t, m0 + j, h, out + j); break;
-            case 3: half_tile_avx2<KIND, 3>(p, t, m0 + j, h, out + j); break;
-            default: half_tile_avx2<KIND, 4>(p, t, m0 + j, h, out + j); break;
-          }
-        }
+      case 4: half_tile_avx2<KIND, 4>(p, t, m0, h, out); break;
+      case 5: half_tile_avx2<KIND, 5>(p, t, m0, h, out); break;
+      case 6: half_tile_avx2<KIND, 6>(p, t, m0, h, out); break;
+      case 7: half_tile_avx2<KIND, 7>(p, t, m0, h, out); break;
+      default: half_tile_avx2<KIND, 8>(p, t, m0, h, out); break;
     }
   }
   for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, out[j]);
@@ -607,14 +625,16 @@ int64_t resolve_isa(int64_t isa) {
 struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> xd, xs, bias;
+  std::vector<int32_t> xi;
 };
 thread_local Scratch scratch;
 
+// xi (integer group sums, which only the AVX2 tiles read) may be null.
 void quantize_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
-                   float* xd, float* xs) {
+                   float* xd, float* xs, int32_t* xi = nullptr) {
 #ifdef KILN_X86
   if (isa == ISA_AVX512_VNNI) return quantize_rows_avx512(x, bf16, M, K, G, xq, xd, xs);
-  if (isa == ISA_AVX2) return quantize_rows_avx2(x, bf16, M, K, G, xq, xd, xs);
+  if (isa == ISA_AVX2) return quantize_rows_avx2(x, bf16, M, K, G, xq, xd, xs, xi);
 #endif
   quantize_rows_scalar(x, bf16, M, K, G, xq, xd, xs);
 }
@@ -664,8 +684,10 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
   s.xq.resize(M * Kp);
   s.xd.resize(M * G);
   s.xs.resize(M * G);
+  const bool sums = isa == ISA_AVX2 && kind == Q8_0;
+  if (sums) s.xi.resize(M * G);
   quantize_rows(isa, x.data_ptr(), x.scalar_type() == torch::kBFloat16, M, K, G, s.xq.data(), s.xd.data(),
-                s.xs.data());
+                s.xs.data(), sums ? s.xi.data() : nullptr);
   const float* bias_ptr = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "kiln qlinear: bias must have out_features elements");
@@ -677,7 +699,7 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
 
   const Problem p{kind, M, n, G, Kp, qs.data_ptr<uint8_t>(),
                   reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()), s.xq.data(), s.xd.data(),
-                  s.xs.data(), bias_ptr, y.data_ptr(), x.scalar_type() == torch::kBFloat16};
+                  s.xs.data(), sums ? s.xi.data() : nullptr, bias_ptr, y.data_ptr(), x.scalar_type() == torch::kBFloat16};
 
   // Chunks of consecutive tiles: long enough runs of memory that a thread streams its weights (a
   // chunk of one 9 KB tile left the 8-row head waiting on DRAM for twice its compute time), and
