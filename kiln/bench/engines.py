@@ -114,7 +114,7 @@ class KilnServerEngine(HttpEngine):
     the AVX2 code paths on a CPU that has AVX-512 (None: the CPU's best, as `make serve` runs)."""
 
     def __init__(self, model_path: str, threads: int, kv_cache_mb: int | None = None,
-                 url: str | None = None, quantization: str = "auto", name: str = KILN,
+                 url: str | None = None, quantization: str = "none", name: str = KILN,
                  isa: str | None = None, primary: bool = True) -> None:
         super().__init__(Endpoint(name, url or "", extra_body={"ignore_eos": True}))
         self.model_path, self.threads, self.kv_cache_mb = model_path, threads, kv_cache_mb

@@ -24,9 +24,8 @@ class BenchOptions:
     out: Path = Path("benchmarks/RESULTS.md")
     threads: int = field(default_factory=default_threads)
     kiln_url: str | None = None          # measure this running server instead of starting one
-    # kiln serve --quantization; auto: the default weights (what `kiln serve` serves, its own auto) and,
-    # for a GGUF, its blocks with 8-bit activations too (`gguf`, what llama-server runs): both measured
-    # against llama-server
+    # kiln serve --quantization; auto: the default weights (what `kiln serve` serves) and, for a GGUF,
+    # its own blocks too (`gguf`, what llama-server runs): both measured against llama-server
     quantization: str = "auto"
     # "native": the CPU's best ISA; "avx2": Kiln forced to AVX2 against llama-server built for AVX2.
     # Empty: native, plus the AVX2 pair when the CPU has AVX-512.
@@ -68,7 +67,7 @@ class BenchOptions:
         Kiln-only measurements run on)."""
         if self.quantization != "auto":
             return (self.quantization,)
-        return ("auto", "gguf") if Path(self.model_path).suffix == ".gguf" else ("auto",)
+        return ("none", "gguf") if Path(self.model_path).suffix == ".gguf" else ("none",)
 
     @property
     def kiln_quantization(self) -> str:

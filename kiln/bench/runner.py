@@ -28,7 +28,7 @@ def check_model_path(path: str) -> None:
 
 def kiln_name(quantization: str, isa: str) -> str:
     """`kiln avx512` serves the default weights; `kiln gguf avx512` the GGUF's own blocks."""
-    return f"{KILN} {isa}" if quantization == "auto" else f"{KILN} {quantization} {isa}"
+    return f"{KILN} {isa}" if quantization == "none" else f"{KILN} {quantization} {isa}"
 
 
 def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: list[int] | None = None,
@@ -58,7 +58,7 @@ def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: lis
                                                               label))
                 result.options[f"{ref} binary"] = f"{found.path} ({found.how}; {llama_server.version(found.path)})"
         for k in kilns:
-            result.comparisons.append(Comparison(k.name, ref, label, "default" if k.quantization == "auto"
+            result.comparisons.append(Comparison(k.name, ref, label, "default" if k.quantization == "none"
                                                  else k.quantization))
     if options.skip_reference:
         result.note("reference engines skipped (--skip-reference): no ratios")

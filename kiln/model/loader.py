@@ -111,8 +111,10 @@ def load_model(
     the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
     (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations
     are quantized to 8 bits per group of 32 (as llama.cpp does), so logits differ slightly from the
-    dense path: near-ties between the top tokens can flip, which is why the server's "auto" picks
-    "gguf-float" instead.
+    dense path: near-ties between the top tokens can flip. "gguf-float" keeps the blocks with float
+    activations instead: a single stream decodes faster than dense bfloat16 (a third of the bytes), but
+    float32 FMAs make it compute-bound with many rows (concurrent streams, prefill), where the dense
+    kernel is faster, which is why "none" stays the default.
     "gguf-float" serves the same GGUF blocks with float activations (kernels/qlinear_float.cpp): the
     dequantized weights' products up to float32 rounding, from a third of bfloat16's bytes."""
     if quantization not in QUANTIZATIONS:
