@@ -96,9 +96,12 @@ def uvicorn_config(settings, app):
     # writes its own access line (with the request id and the generation's numbers). lifespan="off":
     # the app has no startup/shutdown handlers (start and drain are Kiln's own, kiln/api/lifecycle.py),
     # and uvicorn's lifespan task, cancelled at exit, logged a CancelledError traceback on every stop.
+    # loop/http/ws named, not "auto": the modules are imported up front (see _run) and no optional
+    # package (uvloop, httptools, websockets) is probed when the server starts
     return uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                           log_level=settings.server.log_level, timeout_graceful_shutdown=5,
-                          log_config=None, access_log=False, lifespan="off")
+                          log_config=None, access_log=False, lifespan="off", loop="asyncio", http="h11",
+                          ws="none")
 
 
 def _warn_if_exposed(settings) -> None:
@@ -160,6 +163,10 @@ def _run(args) -> int:
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     import uvicorn
+
+    # what uvicorn would import lazily once the model is loaded, imported now, before minutes of work
+    import uvicorn.loops.asyncio  # noqa: F401
+    import uvicorn.protocols.http.h11_impl  # noqa: F401
 
     from kiln.adapters.importing import import_lora_modules
     from kiln.api.app import create_app

@@ -42,11 +42,11 @@ def _transient_import_failure(log: str) -> bool:
     import importlib.util
     import re
 
-    m = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", log)
-    if m is None:
+    missing = re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", log)
+    if not missing:
         return False
-    try:
-        return importlib.util.find_spec(m.group(1)) is not None
+    try:   # the last one is what stopped the process (earlier ones may be optional imports it caught)
+        return importlib.util.find_spec(missing[-1]) is not None
     except (ImportError, ValueError):
         return False
 
