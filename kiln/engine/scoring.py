@@ -40,7 +40,7 @@ def compute_prompt_scores(model: Any, token_ids: Sequence[int], k: int, lora: An
     when given. Raises KilnError(500) when a logits row is not finite or narrower than K."""
     ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
     with torch.inference_mode():
-        logits = (model.forward_dense(ids) if lora is None else model.forward_dense(ids, lora=lora))[0, :-1].float()
+        logits = model.forward_dense(ids, lora=lora)[0, :-1].float()
     n, width = logits.shape
     if k > width:
         raise KilnError(500, "generation_error", f"the model produced {width} logits per row, fewer than K={k}")

@@ -17,7 +17,7 @@ class FixedLogits:
     def __init__(self, rows: list[list[float]]) -> None:
         self.rows = torch.tensor(rows, dtype=torch.float32)
 
-    def forward_dense(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward_dense(self, ids: torch.Tensor, lora=None) -> torch.Tensor:
         return self.rows[: ids.shape[1]].unsqueeze(0)
 
 
