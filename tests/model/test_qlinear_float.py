@@ -9,7 +9,7 @@ import torch
 from kiln.model import kernels
 from kiln.model.quant import PackedWeight, kernels_available, pack_q4_1, pack_q8_0, quant_linear
 
-from .test_quant import activations, weight
+from .test_quant import activations, same_with_one_and_two_threads, weight
 
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason=f"kernels unavailable: {kernels.load_error()}")
 KINDS = ["q4_1", "q8_0"]
@@ -65,17 +65,7 @@ def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind: str) -> None:
 
 @needs_kernels
 def test_more_threads_give_the_same_result() -> None:
-    packed = float_packed("q4_1", weight(3072, 576))
-    x = activations(6, 576)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = quant_linear(x, packed)
-        torch.set_num_threads(2)
-        two = quant_linear(x, packed)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    assert same_with_one_and_two_threads(float_packed("q4_1", weight(3072, 576)), activations(6, 576))
 
 
 @needs_kernels

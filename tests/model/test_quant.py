@@ -303,8 +303,10 @@ def test_wrong_feature_count_is_a_value_error() -> None:
 
 @needs_kernels
 def test_more_threads_give_the_same_result() -> None:
-    packed = pack_q4_1(weight(3072, 576))
-    x = activations(2, 576)
+    assert same_with_one_and_two_threads(pack_q4_1(weight(3072, 576)), activations(2, 576))
+
+
+def same_with_one_and_two_threads(packed: PackedWeight, x: torch.Tensor) -> bool:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -313,7 +315,7 @@ def test_more_threads_give_the_same_result() -> None:
         two = quant_linear(x, packed)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    return torch.equal(one, two)
 
 
 @needs_kernels
