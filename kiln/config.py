@@ -74,9 +74,13 @@ class EngineSettings:
     max_num_seqs: int = 64
     # Per-step token budget shared by decode tokens and prefill chunks.
     max_batch_tokens: int = 512
-    # While decodes share a step, a prompt longer than max_batch_tokens is prefilled this many
-    # token-equivalents per step (a token deep in it costs more: core/prefill_cost.py), bounding the
-    # streams' inter-token gaps. 0 = off.
+    # While decodes share a step, prompt chunks are sized from this engine's measured step times so
+    # the step takes about this long (or up to 3x its decodes alone): the decoding streams'
+    # inter-token gap while prompts arrive, on whatever CPU (core/prefill_pacer.py). 0 = off.
+    itl_target_ms: float = 150.0
+    # Until step times are measured (and always when itl_target_ms = 0): while decodes share a step, a
+    # prompt longer than max_batch_tokens is prefilled this many token-equivalents per step (a token
+    # deep in it costs more: core/prefill_cost.py). 0 = off.
     prefill_cost_with_decodes: int = 64
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
@@ -290,6 +294,8 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"model.lora_modules: expected NAME=PATH, got {spec!r}")
     if s.model.device not in {"auto", "cpu", "cuda"}:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
+    if not s.engine.itl_target_ms >= 0:
+        raise ConfigError("engine.itl_target_ms must be >= 0 (0 turns the time target off)")
     if s.engine.prefill_cost_with_decodes < 0:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
     if s.engine.max_waiting_requests < 0 or s.engine.max_queued_prompt_tokens < 0:

@@ -8,9 +8,13 @@ Each step has a token budget (`max_batch_tokens`). Policy, in order:
 3. waiting sequences are admitted FIFO while budget, `max_num_seqs` and free blocks allow. A waiting
    sequence whose `wait_for` has not computed its prompt yet is passed over, so it can later share
    that prompt through the prefix cache instead of computing it a second time.
-When the step carries decodes, chunks of prompts longer than one step's token budget also share
-`prefill_cost_with_decodes` (prefill_cost.py), which keeps the decoding streams' inter-token gaps
-bounded while a long prompt arrives; 0 turns that off.
+When the step carries decodes, prompt chunks also share a prefill price (prefill_cost.py), which
+keeps the decoding streams' inter-token gaps bounded while prompts arrive:
+- with a `PrefillPacer` that has measured this engine's steps, the price that fits its time target,
+  for every prompt (a short one too: on a slow code path a whole 500-token prompt is a long stall);
+- otherwise the fixed `prefill_cost_with_decodes`, for prompts longer than one step's token budget
+  only; 0 turns that off.
+`observe` hands each finished step's wall time to the pacer.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 
 from kiln.core.block_manager import BlockManager
 from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
+from kiln.core.prefill_pacer import PrefillPacer
 from kiln.core.sequence import Sequence, SequenceStatus
 
 
@@ -40,6 +45,8 @@ class SchedulerOutput:
     items: list[ScheduledSeq] = field(default_factory=list)  # num_new_tokens == 1 first, then chunks
     preempted: list[Sequence] = field(default_factory=list)
     num_batched_tokens: int = 0
+    num_decodes: int = 0
+    prefill_price: float = 0.0  # chunk_cost of the step's prompt chunks
 
     @property
     def is_empty(self) -> bool:
@@ -52,7 +59,7 @@ def _arrival_key(seq: Sequence) -> tuple[float, int]:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_tokens: int,
-                 prefill_cost_with_decodes: int = 0) -> None:
+                 prefill_cost_with_decodes: int = 0, pacer: PrefillPacer | None = None) -> None:
         if max_num_seqs < 1 or max_batch_tokens < 1:
             raise ValueError(
                 f"need max_num_seqs >= 1 and max_batch_tokens >= 1, got {max_num_seqs}, {max_batch_tokens}"
@@ -61,7 +68,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
         self.prefill_cost_with_decodes = max(0, prefill_cost_with_decodes)
+        self.pacer = pacer
         self._cost_left: float | None = None   # this step's prefill price budget (None: unlimited)
+        self._meter_all = False                # the budget prices short prompts too (the pacer's)
         self._chunked = False                  # a prefill chunk is already in this step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -129,8 +138,8 @@ class Scheduler:
             scheduled.add(seq.seq_id)
             budget -= 1
 
-        self._cost_left = float(self.prefill_cost_with_decodes) if out.items and self.prefill_cost_with_decodes else None
-        self._chunked = False
+        out.num_decodes = len(out.items)
+        self._price_step(out.num_decodes)
         # 2. Running prefills continue before anything new is admitted.
         for seq in self.running:
             if budget == 0:
@@ -154,15 +163,32 @@ class Scheduler:
         out.num_batched_tokens = self.max_batch_tokens - budget
         return out
 
+    def _price_step(self, decodes: int) -> None:
+        """This step's prefill price budget: none without decodes, else the pacer's or the fixed one."""
+        paced = self.pacer.price_budget(decodes) if decodes and self.pacer is not None else None
+        if paced is not None:
+            self._cost_left, self._meter_all = paced, True
+        elif decodes and self.prefill_cost_with_decodes:
+            self._cost_left, self._meter_all = float(self.prefill_cost_with_decodes), False
+        else:
+            self._cost_left, self._meter_all = None, False
+        self._chunked = False
+
+    def observe(self, out: SchedulerOutput, ms: float) -> None:
+        """A step scheduled by `schedule` ran in `ms` of wall time (what its streams waited)."""
+        if self.pacer is not None:
+            self.pacer.observe(out.num_decodes, out.prefill_price, ms)
+
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of `seq`'s prompt to feed now: the token budget, then this step's prefill price."""
         n = min(seq.num_remaining, budget)
         if self._cost_left is None:
             return n
         start = seq.num_computed_tokens
-        if seq.num_prompt_tokens <= self.max_batch_tokens:
-            # A prompt that fits one step goes whole (many short arrivals keep their throughput);
-            # only long prompts are metered. It still spends the price a long one would share.
+        if seq.num_prompt_tokens <= self.max_batch_tokens and not self._meter_all:
+            # Under the fixed price a prompt that fits one step goes whole (many short arrivals keep
+            # their throughput); only long prompts are metered. It still spends the price a long one
+            # would share.
             fit = n
         else:
             fit = tokens_within(start, n, self._cost_left)
@@ -203,7 +229,10 @@ class Scheduler:
     @staticmethod
     def _emit(out: SchedulerOutput, seq: Sequence, num_new_tokens: int) -> None:
         sample = seq.num_computed_tokens + num_new_tokens == seq.num_tokens
-        out.items.append(ScheduledSeq(seq, num_new_tokens, sample))
+        item = ScheduledSeq(seq, num_new_tokens, sample)
+        if item.is_prefill:
+            out.prefill_price += chunk_cost(seq.num_computed_tokens, num_new_tokens)
+        out.items.append(item)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

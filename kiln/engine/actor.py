@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from kiln.core.block_manager import BlockManager
 from kiln.core.budget_controller import ThinkingBudgetController
 from kiln.core.decode_stats import DecodeWindow
+from kiln.core.prefill_pacer import PrefillPacer
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
@@ -125,11 +126,14 @@ class EngineActor:
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, *, block_size: int, num_blocks: int,
                  max_num_seqs: int, max_batch_tokens: int, enable_prefix_caching: bool = True,
-                 prefill_cost_with_decodes: int = 0, decode_stats: DecodeWindow | None = None) -> None:
+                 prefill_cost_with_decodes: int = 0, itl_target_ms: float = 0.0,
+                 decode_stats: DecodeWindow | None = None) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_batch_tokens, prefill_cost_with_decodes)
+        pacer = PrefillPacer(itl_target_ms) if itl_target_ms > 0 else None
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_batch_tokens, prefill_cost_with_decodes,
+                                   pacer)
         self.lora_slots = LoraSlots(runner.model)
         self._inbox: queue.Queue = queue.Queue()
         self._choices: dict[int, _Choice] = {}
@@ -291,6 +295,7 @@ class EngineActor:
             if choice is not None and choice.stats.admitted_at is None:
                 choice.stats.admitted_at = started
         results, timing = self.runner.step(out)
+        self.scheduler.observe(out, (time.perf_counter() - started) * 1000.0)
         self._account(out, prefilling, timing, results)
         for seq_id, res in results.items():
             choice = self._choices.get(seq_id)

@@ -91,7 +91,8 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
         "backend": backend,
         "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
                    "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching,
-                   "prefill_cost_with_decodes": eng.prefill_cost_with_decodes},
+                   "prefill_cost_with_decodes": eng.prefill_cost_with_decodes,
+                   "itl_target_ms": eng.itl_target_ms},
         "server": {"eval_mode": srv.eval_mode, "default_thinking_enabled": srv.default_thinking_enabled,
                    **ServerBudgetDefaults.from_settings(srv).to_dict(),
                    "fold_reasoning_into_content": srv.fold_reasoning_into_content},
@@ -429,6 +430,7 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
                       max_batch_tokens=settings.engine.max_batch_tokens,
                       enable_prefix_caching=settings.engine.enable_prefix_caching,
                       prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
+                      itl_target_ms=settings.engine.itl_target_ms,
                       decode_stats=decode_window(settings))
     info = ModelInfo(
         path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,

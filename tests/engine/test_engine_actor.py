@@ -84,3 +84,12 @@ def test_scoring_runs_on_the_actor_while_requests_generate(engine):
 def test_scoring_errors_reach_the_caller(engine):
     with pytest.raises(Exception):  # noqa: B017 - the engine's own error type is not the point
         asyncio.run(engine.score([10**9], 1))
+
+
+def test_the_actor_paces_prompt_chunks_by_the_steps_it_ran(engine):
+    pacer = engine.actor.scheduler.pacer
+    assert pacer is not None and pacer.target_ms == EngineSettings().itl_target_ms
+    collect(engine, [GenerationRequest(engine.encode_prompt("a prompt long enough to price " * 4),
+                                       params(engine, 1, 5, max_tokens=6))])
+    assert (pacer.decode_ms(1) or 0) > 0
+    assert (pacer.prefill_ms(32.0) or 0) > 0

@@ -1,0 +1,107 @@
+"""How much prompt a step that carries decodes may prefill, learned from the steps this engine ran.
+
+A fixed price per step (`prefill_cost_with_decodes`) bounds the decoding streams' inter-token gap on
+the machine it was tuned on; on a slower code path (AVX2 without bfloat16 dot products, a bigger
+model) the same price takes twice as long. The pacer instead aims every step that carries decodes at
+a wall time (Sarathi-Serve's stall-free batching sizes its token budget from a time-between-tokens
+target the same way). It fits two lines to the steps it is shown:
+- decode-only steps: ms ~ a + b * decodes;
+- steps with prompt chunks: what they took beyond their decodes ~ f + u * price, where price is
+  prefill_cost.chunk_cost (a token's projections plus its attention to earlier positions) and f what
+  carrying any chunk at all costs (a mixed step leaves the fused decode path).
+A step of d decodes then aims at max(target_ms, 3 x its decodes alone): a few streams keep their gap
+near the target, many streams (or a model whose decodes alone are slow) at most triple theirs, and
+prompts still get in at a useful pace. The price is what fits that time, but never so little that
+the fixed cost f is more than half of the step's prefill share (a chunk that small wastes the step).
+Until both lines have data the scheduler keeps the fixed price.
+
+Exponentially weighted sums follow the machine as it changes (other load, deeper prompts pricing
+their attention a little wrong); steps too small to tell from noise teach nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Prefill steps priced below this are mostly fixed per-step cost; they would skew the rate.
+MIN_SAMPLE_PRICE = 8.0
+# Weight of the newest step in each average.
+ALPHA = 0.25
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + ALPHA * (new - old)
+
+
+@dataclass
+class _Line:
+    """y ~ a + b * x by exponentially weighted least squares."""
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        keep = 1.0 - ALPHA
+        self.w, self.x, self.y = keep * self.w + 1, keep * self.x + x, keep * self.y + y
+        self.xx, self.xy = keep * self.xx + x * x, keep * self.xy + x * y
+
+    def fit(self, min_spread: float, through_origin: bool) -> tuple[float, float] | None:
+        """(a, b); while the x seen so far hardly vary, a flat line (or one through the origin)."""
+        if self.w == 0:
+            return None
+        mx, my = self.x / self.w, self.y / self.w
+        var = self.xx / self.w - mx * mx
+        if var < min_spread * min_spread:
+            return (0.0, my / mx) if through_origin and mx > 0 else (my, 0.0)
+        b = max(0.0, (self.xy / self.w - mx * my) / var)
+        return max(0.0, my - b * mx), b
+
+
+@dataclass
+class PrefillPacer:
+    target_ms: float                      # a step that carries decodes aims to take about this long
+    _decodes: _Line = field(default_factory=_Line)   # decode-only steps: ms by decode rows
+    _prefill: _Line = field(default_factory=_Line)   # mixed steps: ms beyond the decodes, by price
+
+    def __post_init__(self) -> None:
+        if not self.target_ms > 0:
+            raise ValueError(f"target_ms must be > 0, got {self.target_ms}")
+
+    def decode_ms(self, decodes: int) -> float | None:
+        """A step of `decodes` decodes alone, as measured so far (None before any)."""
+        line = self._decodes.fit(0.5, through_origin=False)
+        return None if line is None else line[0] + line[1] * decodes
+
+    def prefill_ms(self, price: float) -> float | None:
+        """What carrying prompt chunks of `price` adds to a step, as measured so far."""
+        line = self._prefill.fit(MIN_SAMPLE_PRICE, through_origin=True)
+        return None if line is None else line[0] + line[1] * price
+
+    def observe(self, decodes: int, price: float, ms: float) -> None:
+        """Learn from one finished step: its decode rows, the prefill price it carried, its wall time."""
+        if ms < 0:
+            return
+        if price <= 0:
+            if decodes > 0:
+                self._decodes.add(decodes, ms)
+            return
+        if price < MIN_SAMPLE_PRICE:
+            return
+        if decodes > 0:
+            base = self.decode_ms(decodes)
+            if base is None:
+                return  # cannot tell the prefill's share from the decodes' yet
+            ms -= base
+        self._prefill.add(price, max(ms, 0.0))
+
+    def price_budget(self, decodes: int) -> float | None:
+        """The prefill price a step of `decodes` decodes may spend; None until both lines have data."""
+        base = self.decode_ms(decodes)
+        line = self._prefill.fit(MIN_SAMPLE_PRICE, through_origin=True)
+        if base is None or line is None:
+            return None
+        fixed, per_price = line[0], max(line[1], 1e-6)
+        step_ms = max(self.target_ms, 3.0 * base)
+        return max(step_ms - base - fixed, fixed) / per_price

@@ -1,0 +1,164 @@
+"""Pacing prompt chunks by measured step times: a step that carries decodes aims at the ITL target on
+whatever machine runs it; until both rates are measured the fixed price stands."""
+
+import pytest
+
+from kiln.core.block_manager import BlockManager
+from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
+from kiln.core.prefill_pacer import MIN_SAMPLE_PRICE, PrefillPacer
+from kiln.core.sampling import SamplingParams
+from kiln.core.scheduler import Scheduler
+from kiln.core.sequence import Sequence
+
+
+def _measured(decode_ms: float, ms_per_price: float, target_ms: float = 120.0) -> PrefillPacer:
+    """A pacer that has seen decode-only steps of one size take `decode_ms`, and prefill alone cost
+    `ms_per_price` per unit of price."""
+    pacer = PrefillPacer(target_ms)
+    pacer.observe(1, 0.0, decode_ms)
+    pacer.observe(0, 100.0, 100.0 * ms_per_price)
+    return pacer
+
+
+def test_until_both_lines_have_data_the_pacer_has_no_budget():
+    pacer = PrefillPacer(120.0)
+    assert pacer.price_budget(8) is None
+    pacer.observe(0, 200.0, 400.0)          # a prefill alone: 2 ms per unit
+    assert pacer.price_budget(8) is None
+    pacer.observe(8, 0.0, 20.0)             # decodes alone: the decode step
+    assert pacer.price_budget(8) == pytest.approx((120.0 - 20.0) / 2.0)
+
+
+def test_a_slower_machine_gets_a_smaller_price_budget_for_the_same_target():
+    fast, slow = _measured(10.0, 1.0), _measured(20.0, 2.5)
+    assert fast.price_budget(1) == pytest.approx(110.0)
+    assert slow.price_budget(1) == pytest.approx(40.0)
+
+
+def test_decode_steps_are_fitted_as_a_line_in_their_rows():
+    pacer = PrefillPacer(120.0)
+    for rows in (1, 8, 16, 1, 8, 16):
+        pacer.observe(rows, 0.0, 5.0 + 2.5 * rows)
+    assert pacer.decode_ms(32) == pytest.approx(85.0)
+    assert pacer.decode_ms(4) == pytest.approx(15.0)
+
+
+def test_a_mixed_steps_prefill_share_is_a_fixed_cost_plus_a_rate_beyond_its_decodes():
+    pacer = PrefillPacer(120.0)
+    pacer.observe(4, 0.0, 20.0)
+    for price in (20.0, 60.0, 20.0, 60.0):
+        pacer.observe(4, price, 20.0 + 40.0 + 1.5 * price)
+    assert pacer.prefill_ms(100.0) == pytest.approx(190.0)
+    # the step aims at 120 ms: 20 of decodes, 40 fixed, 60 / 1.5 = 40 units of price
+    assert pacer.price_budget(4) == pytest.approx(40.0)
+
+
+def test_a_chunk_is_never_so_small_that_the_fixed_cost_is_most_of_its_share():
+    pacer = PrefillPacer(60.0)
+    pacer.observe(4, 0.0, 20.0)
+    for price in (20.0, 60.0, 20.0, 60.0):
+        pacer.observe(4, price, 20.0 + 40.0 + 1.0 * price)
+    assert pacer.price_budget(4) == pytest.approx(40.0)      # not (60 - 20 - 40) / 1 = 0
+
+
+def test_steps_too_small_to_tell_from_noise_teach_nothing():
+    pacer = _measured(20.0, 1.0)
+    pacer.observe(1, MIN_SAMPLE_PRICE / 2, 500.0)
+    assert pacer.prefill_ms(100.0) == pytest.approx(100.0)
+
+
+def test_a_mixed_step_before_any_decode_only_step_teaches_nothing():
+    pacer = PrefillPacer(120.0)
+    pacer.observe(8, 50.0, 200.0)
+    assert pacer.prefill_ms(50.0) is None
+
+
+def test_many_decoding_streams_let_prompts_in_at_three_times_their_step():
+    pacer = PrefillPacer(120.0)
+    for rows in (1, 64):
+        pacer.observe(rows, 0.0, 2.0 * rows)
+    pacer.observe(0, 100.0, 100.0)
+    assert pacer.price_budget(64) == pytest.approx(256.0)   # a 384 ms step: three times 128 ms
+    assert pacer.price_budget(1) == pytest.approx(118.0)
+
+
+def test_a_target_must_be_positive():
+    with pytest.raises(ValueError):
+        PrefillPacer(0.0)
+
+
+# ---- the scheduler under a pacer ----------------------------------------------------------------
+
+def _seq(seq_id, n_prompt, max_tokens=8):
+    return Sequence(seq_id=seq_id, prompt_token_ids=list(range(1, n_prompt + 1)),
+                    params=SamplingParams(max_tokens=max_tokens), arrival_time=float(seq_id))
+
+
+def _decoding(pacer: PrefillPacer | None, price: int = 64) -> Scheduler:
+    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=8, max_batch_tokens=512,
+                      prefill_cost_with_decodes=price, pacer=pacer)
+    decoder = _seq(1, 8, max_tokens=1000)
+    sched.add(decoder)
+    while decoder.num_remaining != 1:
+        out = sched.schedule()
+        sched.on_step_done(out, {i.seq.seq_id: 7 for i in out.items if i.sample})
+    return sched
+
+
+def _prefilled(out) -> list[int]:
+    return [i.num_new_tokens for i in out.items if i.is_prefill]
+
+
+def test_a_measured_pacer_meters_a_short_prompt_too():
+    sched = _decoding(_measured(20.0, 2.0))          # (120 - 20) / 2 = 50 units
+    sched.add(_seq(2, 300))
+    assert _prefilled(sched.schedule()) == [tokens_within(0, 300, 50.0)]
+
+
+def test_without_measurements_the_fixed_price_rules_and_short_prompts_go_whole():
+    sched = _decoding(PrefillPacer(120.0))
+    sched.add(_seq(2, 300))
+    assert _prefilled(sched.schedule()) == [300]
+
+
+def test_paced_chunks_of_a_long_prompt_shrink_as_its_attention_deepens():
+    sched = _decoding(_measured(20.0, 1.0))
+    sched.add(_seq(2, 3000))
+    chunks = []
+    for _ in range(8):
+        out = sched.schedule()
+        chunks.extend(_prefilled(out))
+        sched.on_step_done(out, {i.seq.seq_id: 7 for i in out.items if i.sample})
+    assert chunks[0] == tokens_within(0, 511, 100.0)
+    assert all(a >= b >= MIN_CHUNK for a, b in zip(chunks, chunks[1:], strict=False))
+
+
+def test_several_short_prompts_share_one_steps_paced_price():
+    sched = _decoding(_measured(20.0, 1.0))         # 100 units
+    for i in range(2, 6):
+        sched.add(_seq(i, 40))
+    out = sched.schedule()
+    assert sum(chunk_cost(0, n) for n in _prefilled(out)) <= 100.0 + 1e-9
+    assert _prefilled(out) == [40, 40, tokens_within(0, 40, 100.0 - 2 * chunk_cost(0, 40))]
+
+
+def test_a_step_without_decodes_is_not_paced():
+    sched = Scheduler(BlockManager(400, 16, True), max_num_seqs=8, max_batch_tokens=512,
+                      prefill_cost_with_decodes=64, pacer=_measured(20.0, 50.0))
+    sched.add(_seq(1, 3000))
+    assert _prefilled(sched.schedule()) == [512]
+
+
+def test_observe_teaches_the_pacer_the_steps_decodes_price_and_time():
+    pacer = PrefillPacer(120.0)
+    sched = _decoding(pacer)
+    out = sched.schedule()                           # the decoder alone
+    assert (out.num_decodes, out.prefill_price) == (1, 0.0)
+    sched.observe(out, 12.0)
+    sched.on_step_done(out, {i.seq.seq_id: 7 for i in out.items if i.sample})
+    assert pacer.decode_ms(1) == 12.0
+    sched.add(_seq(2, 700))
+    out = sched.schedule()
+    assert out.prefill_price == pytest.approx(chunk_cost(0, _prefilled(out)[0]))
+    sched.observe(out, 12.0 + out.prefill_price * 2.0)
+    assert pacer.prefill_ms(10.0) == pytest.approx(20.0)
