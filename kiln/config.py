@@ -74,13 +74,15 @@ class EngineSettings:
     max_num_seqs: int = 64
     # Per-step token budget shared by decode tokens and prefill chunks.
     max_batch_tokens: int = 512
-    # While decodes share a step, prompt chunks are sized from this engine's measured step times so
-    # the step takes about this long (or up to 3x its decodes alone): the decoding streams'
-    # inter-token gap while prompts arrive, on whatever CPU (core/prefill_pacer.py). 0 = off.
-    itl_target_ms: float = 150.0
-    # Until step times are measured (and always when itl_target_ms = 0): while decodes share a step, a
+    # > 0: while decodes share a step, prompt chunks (short prompts too) are sized from this engine's
+    # measured step times so the step takes about this long (or up to 3x its decodes alone), on
+    # whatever CPU (core/prefill_pacer.py). 0 (default) = the fixed prefill_cost_with_decodes price.
+    # On the AVX2 default path 150 keeps the streams' gaps under 200 ms while a long prompt arrives;
+    # on AVX512-BF16 the fixed price keeps them shorter (benchmarks/README.md).
+    itl_target_ms: float = 0.0
+    # While decodes share a step (and itl_target_ms is 0, or its pacer has not measured steps yet), a
     # prompt longer than max_batch_tokens is prefilled this many token-equivalents per step (a token
-    # deep in it costs more: core/prefill_cost.py). 0 = off.
+    # deep in it costs more: core/prefill_cost.py), bounding the streams' inter-token gaps. 0 = off.
     prefill_cost_with_decodes: int = 64
     max_model_len: int | None = None
     enable_prefix_caching: bool = True

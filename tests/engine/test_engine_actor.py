@@ -86,10 +86,26 @@ def test_scoring_errors_reach_the_caller(engine):
         asyncio.run(engine.score([10**9], 1))
 
 
-def test_the_actor_paces_prompt_chunks_by_the_steps_it_ran(engine):
-    pacer = engine.actor.scheduler.pacer
-    assert pacer is not None and pacer.target_ms == EngineSettings().itl_target_ms
-    collect(engine, [GenerationRequest(engine.encode_prompt("a prompt long enough to price " * 4),
-                                       params(engine, 1, 5, max_tokens=6))])
-    assert (pacer.decode_ms(1) or 0) > 0
-    assert (pacer.prefill_ms(32.0) or 0) > 0
+def test_without_an_itl_target_the_actor_keeps_the_fixed_prefill_price(engine):
+    assert EngineSettings().itl_target_ms == 0
+    assert engine.actor.scheduler.pacer is None
+    assert engine.actor.scheduler.prefill_cost_with_decodes == EngineSettings().prefill_cost_with_decodes
+
+
+def test_with_an_itl_target_the_actor_paces_prompt_chunks_by_the_steps_it_ran(tmp_path):
+    from kiln.engine.serving import build_engine
+    from kiln.testing.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m", arch="llama", init_std=0.3)
+    paced = build_engine(Settings(model=ModelSettings(path=str(model), dtype="float32"),
+                                  data=DataSettings(data_dir=str(tmp_path / "data")),
+                                  engine=EngineSettings(kv_cache_memory_mb=8, itl_target_ms=150)))
+    try:
+        pacer = paced.actor.scheduler.pacer
+        assert pacer is not None and pacer.target_ms == 150
+        collect(paced, [GenerationRequest(paced.encode_prompt("a prompt long enough to price " * 4),
+                                          params(paced, 1, 5, max_tokens=6))])
+        assert (pacer.decode_ms(1) or 0) > 0
+        assert (pacer.prefill_ms(32.0) or 0) > 0
+    finally:
+        paced.shutdown()
