@@ -113,17 +113,23 @@ def _sample(logits: Tensor, params: list[SamplingParams], generators: list[torch
         cut = before >= torch.tensor(top_ps, device=logits.device)[:, None]
         cut[:, 0] = False
         probs = _renormalise(probs.masked_fill(cut, 0.0))
-    picks = torch.stack([_draw(probs[r], g) for r, g in enumerate(generators)])
+    picks = _draw(probs, generators)
     chosen_prob = probs.gather(1, picks[:, None]).squeeze(1)
     tokens = picks if cand is None else cand.gather(1, picks[:, None]).squeeze(1)
     return tokens, torch.log(chosen_prob)
 
 
-def _draw(probs: Tensor, generator: torch.Generator) -> Tensor:
-    """One index from `probs`; runs where the generator lives (CPU generators work for CUDA rows)."""
-    if probs.device != generator.device:
-        return torch.multinomial(probs.to(generator.device), 1, generator=generator)[0].to(probs.device)
-    return torch.multinomial(probs, 1, generator=generator)[0]
+def _draw(probs: Tensor, generators: list[torch.Generator]) -> Tensor:
+    """One index per row by inverse CDF: one uniform from the row's own generator against the row's
+    cumulative sum (a token of probability 0 is never drawn). torch.multinomial draws one exponential
+    per vocabulary entry instead: 1.25 ms a row for a 49k vocabulary on 2 CPU cores, this 0.06 ms.
+    Generators live on the CPU for CUDA rows too; only the uniforms cross."""
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.stack([torch.rand((), generator=g, device=g.device) for g in generators]).to(probs.device)
+    total = cdf[:, -1]
+    # u < 1, but u * total may round up to total: keep the target strictly below it
+    target = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
 def _renormalise(probs: Tensor) -> Tensor:

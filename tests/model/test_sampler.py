@@ -143,3 +143,16 @@ def test_a_row_does_not_depend_on_its_batch_neighbours() -> None:
     assert int(batched[0][2]) == int(alone[0][0])
     assert math.isclose(float(batched[1][2]), float(alone[1][0]), rel_tol=1e-6)
     assert int(batched[0][1]) == int(logits[1].argmax())
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_zero_probability_token() -> None:
+    from kiln.model.sampler import _draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]] * 4)
+    g = gen(11)
+    counts: Counter[int] = Counter()
+    for _ in range(2500):
+        counts.update(_draw(probs, [g, g, g, g]).tolist())
+    assert set(counts) == {1, 3, 4}
+    for token, p in ((1, 0.5), (3, 0.3), (4, 0.2)):
+        assert abs(counts[token] / 10_000 - p) < 0.03
