@@ -43,21 +43,24 @@ def test_decode_steps_are_fitted_as_a_line_in_their_rows():
     assert pacer.decode_ms(4) == pytest.approx(15.0)
 
 
-def test_a_mixed_steps_prefill_share_is_a_fixed_cost_plus_a_rate_beyond_its_decodes():
-    pacer = PrefillPacer(120.0)
+def _with_fixed_cost(target_ms: float, fixed_ms: float, ms_per_price: float) -> PrefillPacer:
+    """Decodes of 4 rows take 20 ms; a chunk adds `fixed_ms` plus `ms_per_price` per unit."""
+    pacer = PrefillPacer(target_ms)
     pacer.observe(4, 0.0, 20.0)
     for price in (20.0, 60.0, 20.0, 60.0):
-        pacer.observe(4, price, 20.0 + 40.0 + 1.5 * price)
+        pacer.observe(4, price, 20.0 + fixed_ms + ms_per_price * price)
+    return pacer
+
+
+def test_a_mixed_steps_prefill_share_is_a_fixed_cost_plus_a_rate_beyond_its_decodes():
+    pacer = _with_fixed_cost(120.0, 40.0, 1.5)
     assert pacer.prefill_ms(100.0) == pytest.approx(190.0)
     # the step aims at 120 ms: 20 of decodes, 40 fixed, 60 / 1.5 = 40 units of price
     assert pacer.price_budget(4) == pytest.approx(40.0)
 
 
 def test_a_chunk_is_never_so_small_that_the_fixed_cost_is_most_of_its_share():
-    pacer = PrefillPacer(60.0)
-    pacer.observe(4, 0.0, 20.0)
-    for price in (20.0, 60.0, 20.0, 60.0):
-        pacer.observe(4, price, 20.0 + 40.0 + 1.0 * price)
+    pacer = _with_fixed_cost(60.0, 40.0, 1.0)
     assert pacer.price_budget(4) == pytest.approx(40.0)      # not (60 - 20 - 40) / 1 = 0
 
 
