@@ -25,12 +25,8 @@ from dataclasses import dataclass, field
 
 # Prefill steps priced below this are mostly fixed per-step cost; they would skew the rate.
 MIN_SAMPLE_PRICE = 8.0
-# Weight of the newest step in each average.
+# Weight of the newest step in each fitted line.
 ALPHA = 0.25
-
-
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else old + ALPHA * (new - old)
 
 
 @dataclass
