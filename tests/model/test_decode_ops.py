@@ -3,6 +3,8 @@ every ISA the CPU runs (`each_isa`)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -192,3 +194,38 @@ def test_a_tokens_attention_does_not_depend_on_its_batch_or_the_thread_count(eac
             assert torch.equal(pair[0], batch[4]) and torch.equal(pair[1], batch[0])
     finally:
         torch.set_num_threads(threads)
+
+
+# ---- greedy_pick: the sampler's greedy rows ----
+
+def test_greedy_pick_takes_each_rows_argmax_with_its_log_softmax(each_isa):
+    torch.manual_seed(0)
+    logits = torch.randn(5, 1000 + 7) * 6   # a tail past the last whole vector
+    tokens, logprobs = kernels.load().greedy_pick(logits)
+    assert torch.equal(tokens, logits.argmax(-1))
+    want = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
+    assert torch.allclose(logprobs, want, rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_pick_row_is_the_same_alone_or_batched(each_isa):
+    torch.manual_seed(1)
+    logits = torch.randn(9, 49152) * 4
+    tokens, logprobs = kernels.load().greedy_pick(logits)
+    for r in (0, 4, 8):
+        t, lp = kernels.load().greedy_pick(logits[r:r + 1].clone())
+        assert t.item() == tokens[r].item()
+        assert lp.view(torch.int32).item() == logprobs[r:r + 1].view(torch.int32).item()
+
+
+def test_greedy_pick_takes_the_first_of_tied_maxima_and_reads_strided_rows(each_isa):
+    logits = torch.zeros(3, 64)
+    logits[:, [10, 40]] = 2.0
+    tokens, _ = kernels.load().greedy_pick(logits[::2])
+    assert tokens.tolist() == [10, 10]
+
+
+def test_greedy_pick_of_a_row_with_nan_is_its_first_nan_and_a_nan_log_prob(each_isa):
+    logits = torch.tensor([[1.0, float("nan"), 3.0, float("nan")] + [0.0] * 20])
+    tokens, logprobs = kernels.load().greedy_pick(logits)
+    assert tokens.tolist() == logits.argmax(-1).tolist() == [1]
+    assert math.isnan(logprobs.item())

@@ -433,6 +433,8 @@ void split_vector(const T* qh, float sc, const T* k_cache, const T* v_cache, con
 // rows widen in registers (a chunk of 16 becomes its even and its odd elements, one shift or mask
 // each); the query and the output accumulators use that order, and the output is put back in order
 // when the record is written. Records are in natural order: the scalar combine_splits joins splits.
+// The query heads of a KV head (a GQA group) share every widened K and V row, up to 3 heads per
+// pass: widening each row once per head instead cost a sixth of a 32-row AVX2 attention call.
 #define KILN_ATTN_AVX2 __attribute__((target("avx2,fma")))
 
 // the 8-lane pieces of 16 values of a row: (even, odd) elements for bf16, (first 8, last 8) for float
@@ -485,36 +487,95 @@ KILN_ATTN_AVX2 inline __m256 lanes_below8(int64_t m) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(m, 8))), idx));
 }
 
+// Scores of the 8 positions of a block for GB query heads (q: their rows in layout16 order, already
+// scaled), into s[g * ss + b]. Each K row widens once for all GB heads (a GQA group reads one K head):
+// positions go 4 at a time, so 4 * GB accumulators (at most 12) stay in registers; every score is
+// still one chain over the chunks in order and one reduce8, so the bits do not depend on GB.
+template <typename T, int GB>
+KILN_ATTN_AVX2 void qk_block_avx2(const float* q, int64_t d, const T* const* rows, __m256 valid, float* s,
+                                  int64_t ss, int64_t b) {
+  const int64_t nc = d / 16;
+  __m256 part[GB][8];
+  for (int h = 0; h < 2; ++h) {
+    __m256 a[GB][4];
+    for (int g = 0; g < GB; ++g)
+      for (int j = 0; j < 4; ++j) a[g][j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nc; ++c) {
+      for (int j = 0; j < 4; ++j) {
+        __m256 k0, k1;
+        chunk16(rows[4 * h + j] + 16 * c, k0, k1);
+        for (int g = 0; g < GB; ++g) {
+          const float* qg = q + g * d + 16 * c;
+          a[g][j] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qg + 8), _mm256_fmadd_ps(k0, _mm256_loadu_ps(qg), a[g][j]));
+        }
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int j = 0; j < 4; ++j) part[g][4 * h + j] = a[g][j];
+  }
+  for (int g = 0; g < GB; ++g)
+    _mm256_storeu_ps(s + g * ss + b, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), reduce8(part[g]), valid));
+}
+
+// Outputs of GB heads over V (their probabilities p in s[g * ss + l]) for CN 16-value chunks of a head
+// from c0 (2 * CN accumulators per head): each V row widens once for the GB heads. out[g * d + 16c +
+// lane] in layout16 order; every accumulator is one chain over the positions in order.
+template <typename T, int GB, int CN>
+KILN_ATTN_AVX2 void pv_chunks_avx2(const float* s, int64_t ss, const T* v_cache, const int64_t* slot, int64_t n,
+                                   int64_t hk, int64_t hkv, int64_t d, int64_t c0, float* out) {
+  __m256 acc[GB][2 * CN];
+  for (int g = 0; g < GB; ++g)
+    for (int i = 0; i < 2 * CN; ++i) acc[g][i] = _mm256_setzero_ps();
+  for (int64_t l = 0; l < n; ++l) {
+    const T* vr = v_cache + (slot[l] * hkv + hk) * d + 16 * c0;
+    for (int c = 0; c < CN; ++c) {
+      __m256 v0, v1;
+      chunk16(vr + 16 * c, v0, v1);
+      for (int g = 0; g < GB; ++g) {
+        const __m256 p = _mm256_broadcast_ss(s + g * ss + l);
+        acc[g][2 * c] = _mm256_fmadd_ps(p, v0, acc[g][2 * c]);
+        acc[g][2 * c + 1] = _mm256_fmadd_ps(p, v1, acc[g][2 * c + 1]);
+      }
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int i = 0; i < 2 * CN; ++i) _mm256_storeu_ps(out + g * d + 16 * c0 + 8 * i, acc[g][i]);
+}
+
+template <typename T, int GB>
+KILN_ATTN_AVX2 void pv_avx2(const float* s, int64_t ss, const T* v_cache, const int64_t* slot, int64_t n,
+                            int64_t hk, int64_t hkv, int64_t d, float* out) {
+  const int64_t nc = d / 16;
+  int64_t c0 = 0;
+  for (; c0 + 2 <= nc; c0 += 2) pv_chunks_avx2<T, GB, 2>(s, ss, v_cache, slot, n, hk, hkv, d, c0, out);
+  if (c0 < nc) pv_chunks_avx2<T, GB, 1>(s, ss, v_cache, slot, n, hk, hkv, d, c0, out);
+}
+
 // One split for the query heads of KV head hk (d a multiple of 16, at most 256).
 template <typename T>
 KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T* v_cache, const int64_t* slot,
                                int64_t n, int64_t hk, int64_t hkv, int64_t d, int64_t groups, float* rec) {
-  const int64_t nc = d / 16;
-  thread_local std::vector<float> qbuf, sbuf;
+  thread_local std::vector<float> qbuf, sbuf, obuf;
   qbuf.resize(static_cast<size_t>(groups * d));
   sbuf.resize(static_cast<size_t>(groups * (kSplitMax + 8)));
+  obuf.resize(static_cast<size_t>(groups * d));
   float* q = qbuf.data();
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t i = 0; i < d; ++i) q[g * d + layout16<T>(i)] = static_cast<float>(qh[g * d + i]) * sc;
   const int64_t ss = kSplitMax + 8;
-  // scores, 8 positions at a time (rows past n repeat the last one; their lanes are masked)
+  // scores, 8 positions at a time (rows past n repeat the last one; their lanes are masked), for up
+  // to 3 heads per pass over the block's K rows
   for (int64_t b = 0; b < n; b += 8) {
     const T* rows[8];
     for (int j = 0; j < 8; ++j) rows[j] = k_cache + (slot[b + std::min<int64_t>(j, n - 1 - b)] * hkv + hk) * d;
     const __m256 valid = lanes_below8(n - b);
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* qg = q + g * d;
-      __m256 a[8];
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < nc; ++c) {
-        const __m256 q0 = _mm256_loadu_ps(qg + 16 * c), q1 = _mm256_loadu_ps(qg + 16 * c + 8);
-        for (int j = 0; j < 8; ++j) {
-          __m256 k0, k1;
-          chunk16(rows[j] + 16 * c, k0, k1);
-          a[j] = _mm256_fmadd_ps(k1, q1, _mm256_fmadd_ps(k0, q0, a[j]));
-        }
+    for (int64_t g0 = 0; g0 < groups; g0 += 3) {
+      float* sg = sbuf.data() + g0 * ss;
+      switch (std::min<int64_t>(3, groups - g0)) {
+        case 1: qk_block_avx2<T, 1>(q + g0 * d, d, rows, valid, sg, ss, b); break;
+        case 2: qk_block_avx2<T, 2>(q + g0 * d, d, rows, valid, sg, ss, b); break;
+        default: qk_block_avx2<T, 3>(q + g0 * d, d, rows, valid, sg, ss, b); break;
       }
-      _mm256_storeu_ps(sbuf.data() + g * ss + b, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), reduce8(a), valid));
     }
   }
   // softmax numerators in place (0 past n), each head's max and sum into the record
@@ -538,28 +599,19 @@ KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T*
     rec[g] = m;
     rec[groups + g] = l;
   }
-  // outputs: 64 values of a head (8 accumulators) per pass over V
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* sg = sbuf.data() + g * ss;
-    float* out = rec + 2 * groups + g * d;
-    for (int64_t c0 = 0; c0 < nc; c0 += 4) {
-      const int64_t cn = std::min<int64_t>(4, nc - c0);
-      __m256 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-      for (int64_t l = 0; l < n; ++l) {
-        const __m256 p = _mm256_broadcast_ss(sg + l);
-        const T* vr = v_cache + (slot[l] * hkv + hk) * d + 16 * c0;
-        for (int64_t c = 0; c < cn; ++c) {
-          __m256 v0, v1;
-          chunk16(vr + 16 * c, v0, v1);
-          acc[2 * c] = _mm256_fmadd_ps(p, v0, acc[2 * c]);
-          acc[2 * c + 1] = _mm256_fmadd_ps(p, v1, acc[2 * c + 1]);
-        }
-      }
-      alignas(32) float tmp[64];
-      for (int64_t i = 0; i < 2 * cn; ++i) _mm256_store_ps(tmp + 8 * i, acc[i]);
-      for (int64_t i = 0; i < 16 * cn; ++i) out[16 * c0 + i] = tmp[layout16<T>(i)];
+  // outputs, up to 3 heads per pass over V, then back into natural order in the record
+  float* o = obuf.data();
+  for (int64_t g0 = 0; g0 < groups; g0 += 3) {
+    const float* sg = sbuf.data() + g0 * ss;
+    switch (std::min<int64_t>(3, groups - g0)) {
+      case 1: pv_avx2<T, 1>(sg, ss, v_cache, slot, n, hk, hkv, d, o + g0 * d); break;
+      case 2: pv_avx2<T, 2>(sg, ss, v_cache, slot, n, hk, hkv, d, o + g0 * d); break;
+      default: pv_avx2<T, 3>(sg, ss, v_cache, slot, n, hk, hkv, d, o + g0 * d); break;
     }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    float* out = rec + 2 * groups + g * d;
+    for (int64_t i = 0; i < d; ++i) out[i] = o[g * d + layout16<T>(i)];
   }
 }
 #endif
@@ -701,6 +753,111 @@ void add_rows(T* h, const T* delta, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = static_cast<T>(to_float(h[i]) + to_float(delta[i]));
 }
 
+// ---- greedy pick ----
+// A greedy row's token and its log-softmax: the first index of the row's maximum, and
+// -log(sum exp(x - max)) (the chosen logit is the max). Two passes over the row, nothing written:
+// torch's log_softmax + argmax + gather wrote and re-read a float32 copy of every row. A row is one
+// task: its sums never depend on the batch or the thread count. NaN rows take the scalar path (the
+// first NaN is torch.argmax's pick, and the log-prob is NaN, as log_softmax gives it).
+constexpr int kPickLanes = 16;
+
+// The sum of exp(x - mx) over a row, in kPickLanes partial sums combined pairwise.
+inline float combine_lanes(float* lanes) {
+  for (int w = kPickLanes / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) lanes[i] += lanes[i + w];
+  return lanes[0];
+}
+
+void pick_scalar(const float* x, int64_t v, int64_t* token, float* logprob) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < v; ++i)
+    if (x[i] > x[best] || (std::isnan(x[i]) && !std::isnan(x[best]))) best = i;
+  const float mx = x[best];
+  *token = best;
+  if (std::isnan(mx) || mx == -INFINITY) {   // log_softmax of such a row is NaN throughout
+    *logprob = NAN;
+    return;
+  }
+  float lanes[kPickLanes] = {};
+  for (int64_t i = 0; i < v; ++i) lanes[i % kPickLanes] += std::exp(x[i] - mx);
+  *logprob = -std::log(combine_lanes(lanes));
+}
+
+// The first index of mx in the row (the vector passes find the value, this the place).
+inline int64_t first_index(const float* x, int64_t v, float mx) {
+  for (int64_t i = 0; i < v; ++i)
+    if (x[i] == mx) return i;
+  return 0;
+}
+
+#ifdef KILN_ATTN_X86
+KILN_ATTN_AVX512 void pick_avx512(const float* x, int64_t v, int64_t* token, float* logprob) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= v; i += 16) {
+    const __m512 a = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, a);
+  }
+  float mx = _mm512_reduce_max_ps(m);
+  bool has_nan = nan != 0;
+  for (int64_t j = i; j < v; ++j) {
+    has_nan |= std::isnan(x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  if (has_nan || mx == -INFINITY) return pick_scalar(x, v, token, logprob);
+  *token = first_index(x, v, mx);
+  const __m512 mv = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= v; i += 16) sum = _mm512_add_ps(sum, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)));
+  if (i < v) {
+    const __mmask16 k = lanes_below(v - i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+  }
+  alignas(64) float lanes[kPickLanes];
+  _mm512_store_ps(lanes, sum);
+  *logprob = -std::log(combine_lanes(lanes));
+}
+KILN_ATTN_AVX2 void pick_avx2(const float* x, int64_t v, int64_t* token, float* logprob) {
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= v; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+    m0 = _mm256_max_ps(m0, a);
+    m1 = _mm256_max_ps(m1, b);
+  }
+  alignas(32) float lanes[kPickLanes];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  float mx = lanes[0];
+  for (int j = 1; j < 8; ++j) mx = std::max(mx, lanes[j]);
+  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  for (int64_t j = i; j < v; ++j) {
+    has_nan |= std::isnan(x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  if (has_nan || mx == -INFINITY) return pick_scalar(x, v, token, logprob);
+  *token = first_index(x, v, mx);
+  // two ymm sums are pick_avx512's 16 lanes: the same additions in the same order
+  const __m256 mv = _mm256_set1_ps(mx);
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  for (i = 0; i + 16 <= v; i += 16) {
+    s0 = _mm256_add_ps(s0, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+    s1 = _mm256_add_ps(s1, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv)));
+  }
+  _mm256_store_ps(lanes, s0);
+  _mm256_store_ps(lanes + 8, s1);
+  for (int64_t j = i; j < v; ++j) {   // the tail, lane by lane (exp8 on one value at a time)
+    alignas(32) float e[8];
+    _mm256_store_ps(e, exp8(_mm256_set1_ps(x[j] - mx)));
+    lanes[j - i] += e[0];
+  }
+  *logprob = -std::log(combine_lanes(lanes));
+}
+#endif
+
 }  // namespace
 
 namespace kiln {
@@ -797,6 +954,30 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
     TORCH_CHECK_VALUE(false, "kiln paged_attention: float32 or bfloat16 only");
   }
   return out;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> greedy_pick(const torch::Tensor& logits) {
+  TORCH_CHECK_VALUE(logits.dim() == 2 && logits.scalar_type() == torch::kFloat32 && logits.device().is_cpu() &&
+                        logits.stride(1) == 1 && logits.size(1) > 0,
+                    "kiln greedy_pick: logits must be a [B, V] float32 CPU tensor with contiguous rows, V > 0");
+  const int64_t rows = logits.size(0), v = logits.size(1), stride = logits.stride(0);
+  auto tokens = torch::empty({rows}, logits.options().dtype(torch::kInt64));
+  auto logprobs = torch::empty({rows}, logits.options());
+  const float* x = logits.data_ptr<float>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  float* lp = logprobs.data_ptr<float>();
+#ifdef KILN_ATTN_X86
+  const int64_t isa = kiln::active_isa();
+#endif
+  kiln::parallel_tasks(rows, [&](int64_t r) {
+    const float* row = x + r * stride;
+#ifdef KILN_ATTN_X86
+    if (attn_avx512(isa)) return pick_avx512(row, v, tp + r, lp + r);
+    if (isa >= kiln::ISA_AVX2) return pick_avx2(row, v, tp + r, lp + r);
+#endif
+    pick_scalar(row, v, tp + r, lp + r);
+  });
+  return {tokens, logprobs};
 }
 
 }  // namespace kiln

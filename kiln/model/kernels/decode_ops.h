@@ -24,4 +24,8 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, co
                     const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
                     const torch::Tensor& slot_mapping);
 
+// Greedy rows: (the first index of each row's max [B] int64, its log-softmax [B] float32) for float32
+// logits [B, V], as torch.log_softmax + argmax + gather pick them (up to float32 rounding).
+std::tuple<torch::Tensor, torch::Tensor> greedy_pick(const torch::Tensor& logits);
+
 }  // namespace kiln
