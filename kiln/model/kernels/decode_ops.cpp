@@ -225,6 +225,19 @@ inline __mmask16 lanes_below(int64_t m) {
   return m >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << m) - 1);
 }
 
+// Cache rows are gathered through the slot table, so the hardware prefetcher loses the stream at
+// every block: ask for the rows kAheadRows positions ahead (a decode step reads more K/V than weights
+// once a few dozen sequences have a few hundred positions each).
+constexpr int64_t kAheadRows = 16;
+template <typename T>
+inline void prefetch_rows(const T* cache, const int64_t* slot, int64_t l0, int64_t l1, int64_t hk, int64_t hkv,
+                          int64_t d) {
+  for (int64_t l = l0; l < l1; ++l) {
+    const char* r = reinterpret_cast<const char*>(cache + (slot[l] * hkv + hk) * d);
+    for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
+  }
+}
+
 // The 16 rows of the block at b (the last row repeated past n), in reduce16's order.
 template <typename T>
 inline void block_rows(const T* cache, const int64_t* slot, int64_t b, int64_t n, int64_t hk, int64_t hkv,
@@ -245,6 +258,7 @@ KILN_ATTN_AVX512 void qk_fma(const float* q, int64_t hb, int nv_rt, const T* k_c
   for (int64_t b = 0; b < n; b += 16) {
     const T* rows[16];
     block_rows(k_cache, slot, b, n, hk, hkv, d, rows);
+    prefetch_rows(k_cache, slot, b + kAheadRows, std::min<int64_t>(n, b + kAheadRows + 16), hk, hkv, d);
     const __mmask16 valid = lanes_below(n - b);
     for (int64_t h = 0; h < hb; ++h) {
       __m512 qv[kMaxNV];
@@ -270,6 +284,7 @@ KILN_ATTN_BF16 void qk_bf16(const c10::BFloat16* q, float sc, int64_t hb, int nc
   for (int64_t b = 0; b < n; b += 16) {
     const c10::BFloat16* rows[16];
     block_rows(k_cache, slot, b, n, hk, hkv, d, rows);
+    prefetch_rows(k_cache, slot, b + kAheadRows, std::min<int64_t>(n, b + kAheadRows + 16), hk, hkv, d);
     const __mmask16 valid = lanes_below(n - b);
     for (int64_t h = 0; h < hb; ++h) {
       __m512i qv[kMaxNV / 2];
@@ -324,6 +339,7 @@ KILN_ATTN_AVX512 void pv_fma(const float* s, int64_t hb, int nv_rt, const T* v_c
     for (int v = 0; v < nv; ++v) acc[h][v] = _mm512_setzero_ps();
   for (int64_t l = 0; l < n; ++l) {
     __m512 vr[kMaxNV];
+    if (l + kAheadRows < n) prefetch_rows(v_cache, slot, l + kAheadRows, l + kAheadRows + 1, hk, hkv, d);
     load_row(v_cache + (slot[l] * hkv + hk) * d, nv, vr);
     for (int h = 0; h < HB; ++h) {
       if (h >= hb) break;
@@ -528,6 +544,7 @@ KILN_ATTN_AVX2 void pv_chunks_avx2(const float* s, int64_t ss, const T* v_cache,
     for (int i = 0; i < 2 * CN; ++i) acc[g][i] = _mm256_setzero_ps();
   for (int64_t l = 0; l < n; ++l) {
     const T* vr = v_cache + (slot[l] * hkv + hk) * d + 16 * c0;
+    if (l + kAheadRows < n) prefetch_rows(v_cache + 16 * c0, slot, l + kAheadRows, l + kAheadRows + 1, hk, hkv, d);
     for (int c = 0; c < CN; ++c) {
       __m256 v0, v1;
       chunk16(vr + 16 * c, v0, v1);
@@ -568,6 +585,7 @@ KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T*
   for (int64_t b = 0; b < n; b += 8) {
     const T* rows[8];
     for (int j = 0; j < 8; ++j) rows[j] = k_cache + (slot[b + std::min<int64_t>(j, n - 1 - b)] * hkv + hk) * d;
+    prefetch_rows(k_cache, slot, b + kAheadRows, std::min<int64_t>(n, b + kAheadRows + 8), hk, hkv, d);
     const __m256 valid = lanes_below8(n - b);
     for (int64_t g0 = 0; g0 < groups; g0 += 3) {
       float* sg = sbuf.data() + g0 * ss;
