@@ -32,6 +32,11 @@
 
 namespace {
 
+// Elements per task of the row-wise ops (norm, residual add, rotary): a 32-row decode step's are
+// tens of microseconds each on one thread, worth the kernels' pool from a few rows up. A row's
+// values are computed as on one thread, so no bit depends on the split.
+constexpr int64_t kElementwiseGrain = 4096;
+
 template <typename T>
 inline float to_float(T v) {
   return static_cast<float>(v);
@@ -758,11 +763,21 @@ void rope_and_cache_rows(const torch::Tensor& q, const torch::Tensor& k, const t
                          const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& k_cache,
                          const torch::Tensor& v_cache, const int64_t* slots) {
   const int64_t tokens = q.size(0), d = q.size(2), row = k.size(1) * d;
-  std::vector<float> buf;
-  rope_rows<T>(q.data_ptr<T>(), q.stride(0), tokens, q.size(1), d, cos.data_ptr<T>(), sin.data_ptr<T>(), d, buf);
-  rope_rows<T>(k.data_ptr<T>(), k.stride(0), tokens, k.size(1), d, cos.data_ptr<T>(), sin.data_ptr<T>(), d, buf);
-  write_rows<T>(k.data_ptr<T>(), k.stride(0), k_cache.data_ptr<T>(), slots, tokens, row);
-  write_rows<T>(v.data_ptr<T>(), v.stride(0), v_cache.data_ptr<T>(), slots, tokens, row);
+  T* qp = q.data_ptr<T>();
+  T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  // tokens are independent: a few per task on the kernels' pool (each value computed as before)
+  const int64_t per = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, (q.size(1) + k.size(1)) * d));
+  kiln::parallel_tasks((tokens + per - 1) / per, [&](int64_t c) {
+    const int64_t t0 = c * per, n = std::min(per, tokens - t0);
+    std::vector<float> buf;
+    rope_rows<T>(qp + t0 * q.stride(0), q.stride(0), n, q.size(1), d, cp + t0 * d, sp + t0 * d, d, buf);
+    rope_rows<T>(kp + t0 * k.stride(0), k.stride(0), n, k.size(1), d, cp + t0 * d, sp + t0 * d, d, buf);
+    write_rows<T>(kp + t0 * k.stride(0), k.stride(0), k_cache.data_ptr<T>(), slots + t0, n, row);
+    write_rows<T>(vp + t0 * v.stride(0), v.stride(0), v_cache.data_ptr<T>(), slots + t0, n, row);
+  });
 }
 
 // h += delta, rounded to T as at::add rounds it (one float sum per element).
@@ -924,14 +939,19 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
   auto y = torch::empty({x.size(0), x.size(1)}, x.options());
   const int64_t rows = x.size(0), n = x.size(1);
   const float e = static_cast<float>(eps);
-  if (x.scalar_type() == torch::kFloat32) {
-    rms_norm_rows<float>(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), rows, n, x.stride(0), e);
-  } else if (x.scalar_type() == torch::kBFloat16) {
-    rms_norm_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(),
-                                 y.data_ptr<c10::BFloat16>(), rows, n, x.stride(0), e);
-  } else {
-    TORCH_CHECK_VALUE(false, "kiln rms_norm: float32 or bfloat16 only");
-  }
+  TORCH_CHECK_VALUE(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
+                    "kiln rms_norm: float32 or bfloat16 only");
+  const int64_t per = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, n)), xs = x.stride(0);
+  kiln::parallel_tasks((rows + per - 1) / per, [&](int64_t c) {
+    const int64_t r0 = c * per, m = std::min(per, rows - r0);
+    if (x.scalar_type() == torch::kFloat32) {
+      rms_norm_rows<float>(x.data_ptr<float>() + r0 * xs, w.data_ptr<float>(), y.data_ptr<float>() + r0 * n, m, n,
+                           xs, e);
+    } else {
+      rms_norm_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>() + r0 * xs, w.data_ptr<c10::BFloat16>(),
+                                   y.data_ptr<c10::BFloat16>() + r0 * n, m, n, xs, e);
+    }
+  });
   return y;
 }
 
@@ -939,13 +959,17 @@ void add_inplace(torch::Tensor h, const torch::Tensor& delta) {
   TORCH_CHECK_VALUE(h.is_contiguous() && delta.is_contiguous() && h.sizes() == delta.sizes() &&
                         h.scalar_type() == delta.scalar_type(),
                     "kiln add_inplace: h and delta must be contiguous tensors of one shape and dtype");
-  if (h.scalar_type() == torch::kFloat32) {
-    add_rows<float>(h.data_ptr<float>(), delta.data_ptr<float>(), h.numel());
-  } else if (h.scalar_type() == torch::kBFloat16) {
-    add_rows<c10::BFloat16>(h.data_ptr<c10::BFloat16>(), delta.data_ptr<c10::BFloat16>(), h.numel());
-  } else {
-    TORCH_CHECK_VALUE(false, "kiln add_inplace: float32 or bfloat16 only");
-  }
+  TORCH_CHECK_VALUE(h.scalar_type() == torch::kFloat32 || h.scalar_type() == torch::kBFloat16,
+                    "kiln add_inplace: float32 or bfloat16 only");
+  const int64_t total = h.numel(), per = 4 * kElementwiseGrain;
+  kiln::parallel_tasks((total + per - 1) / per, [&](int64_t c) {
+    const int64_t i0 = c * per, m = std::min(per, total - i0);
+    if (h.scalar_type() == torch::kFloat32) {
+      add_rows<float>(h.data_ptr<float>() + i0, delta.data_ptr<float>() + i0, m);
+    } else {
+      add_rows<c10::BFloat16>(h.data_ptr<c10::BFloat16>() + i0, delta.data_ptr<c10::BFloat16>() + i0, m);
+    }
+  });
 }
 
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
