@@ -76,10 +76,10 @@ class EngineSettings:
     max_batch_tokens: int = 512
     # > 0: while decodes share a step, prompt chunks (short prompts too) are sized from this engine's
     # measured step times so the step takes about this long (or up to 3x its decodes alone), on
-    # whatever CPU (core/prefill_pacer.py). 0 (default) = the fixed prefill_cost_with_decodes price.
-    # On the AVX2 default path 150 keeps the streams' gaps under 200 ms while a long prompt arrives;
-    # on AVX512-BF16 the fixed price keeps them shorter (benchmarks/README.md).
-    itl_target_ms: float = 0.0
+    # whatever CPU (core/prefill_pacer.py). 0 = the fixed prefill_cost_with_decodes price. auto
+    # (default): 150 for dense bfloat16 weights on the AVX2 (or scalar) kernels, where the fixed price
+    # left 290-310 ms gaps while a long prompt arrived; 0 elsewhere (benchmarks/README.md).
+    itl_target_ms: float | str = "auto"
     # While decodes share a step (and itl_target_ms is 0, or its pacer has not measured steps yet), a
     # prompt longer than max_batch_tokens is prefilled this many token-equivalents per step (a token
     # deep in it costs more: core/prefill_cost.py), bounding the streams' inter-token gaps. 0 = off.
@@ -296,8 +296,16 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"model.lora_modules: expected NAME=PATH, got {spec!r}")
     if s.model.device not in {"auto", "cpu", "cuda"}:
         raise ConfigError(f"model.device: expected auto|cpu|cuda, got {s.model.device!r}")
-    if not s.engine.itl_target_ms >= 0:
-        raise ConfigError("engine.itl_target_ms must be >= 0 (0 turns the time target off)")
+    target = s.engine.itl_target_ms
+    if isinstance(target, str) and target.strip().lower() == "auto":
+        s.engine.itl_target_ms = "auto"
+    else:
+        try:
+            s.engine.itl_target_ms = float(target)
+        except (TypeError, ValueError):
+            raise ConfigError(f"engine.itl_target_ms: expected a number of ms or auto, got {target!r}") from None
+        if not s.engine.itl_target_ms >= 0:
+            raise ConfigError("engine.itl_target_ms must be >= 0 (0 turns the time target off) or auto")
     if s.engine.prefill_cost_with_decodes < 0:
         raise ConfigError("engine.prefill_cost_with_decodes must be >= 0 (0 turns the cap off)")
     if s.engine.max_waiting_requests < 0 or s.engine.max_queued_prompt_tokens < 0:

@@ -60,3 +60,18 @@ def test_request_log_and_stats_settings_are_checked():
         load_settings(None, env={"KILN_REQUEST_LOG_MAX_FILE_BYTES": "10"})
     with pytest.raises(ConfigError, match="stats.recent_requests"):
         load_settings(None, env={"KILN_STATS_RECENT_REQUESTS": "0"})
+
+
+def test_itl_target_is_auto_by_default_and_takes_a_number_from_the_environment(tmp_path):
+    assert load_settings(env={}).engine.itl_target_ms == "auto"
+    assert load_settings(env={"KILN_ENGINE_ITL_TARGET_MS": "150"}).engine.itl_target_ms == 150.0
+    assert load_settings(env={"KILN_ENGINE_ITL_TARGET_MS": "AUTO"}).engine.itl_target_ms == "auto"
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("[engine]\nitl_target_ms = 0\n")
+    assert load_settings(cfg, env={}).engine.itl_target_ms == 0.0
+
+
+@pytest.mark.parametrize("bad", ["fast", "-5"])
+def test_itl_target_rejects_what_is_neither_a_number_nor_auto(bad):
+    with pytest.raises(ConfigError, match="itl_target_ms"):
+        load_settings(env={"KILN_ENGINE_ITL_TARGET_MS": bad})

@@ -101,3 +101,21 @@ class PrefillPacer:
         fixed, per_price = line[0], max(line[1], 1e-6)
         step_ms = max(self.target_ms, 3.0 * base)
         return max(step_ms - base - fixed, fixed) / per_price
+
+
+# `engine.itl_target_ms = "auto"`: pace by time where the fixed price was measured to leave long gaps.
+AUTO_TARGET_MS = 150.0
+
+
+def auto_itl_target_ms(device: str, dtype: str, quantization: str, cpu_isa: str | None) -> float:
+    """The target "auto" stands for: AUTO_TARGET_MS for dense bfloat16 weights on a CPU whose kernels
+    run AVX2 (or scalar) code, else 0 (the fixed price).
+
+    Measured with `kiln bench --only itl` (8 streams, then a 2000-token prompt), the streams' longest
+    gap, fixed price -> 150 ms target: dense AVX2 on an AMD EPYC 310 -> 195 ms and on an Intel Xeon 291
+    -> 175 ms (there the prompt's TTFT 11.5 -> 14.2 s). Elsewhere the fixed price was as good or better:
+    AVX-512 on the EPYC 142 -> 286 ms; gguf on AVX2 174 -> 176 ms, where the paced prompt ends sooner
+    and the decode-only steps after it make p99/p50 5.7x."""
+    if device != "cpu" or quantization != "none" or dtype != "bfloat16":
+        return 0.0
+    return AUTO_TARGET_MS if cpu_isa in ("avx2", "scalar") else 0.0

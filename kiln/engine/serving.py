@@ -18,6 +18,7 @@ from kiln.config import Settings
 from kiln.core.admission import AdmissionGate, Ticket, gate_for
 from kiln.core.block_manager import PrefixCacheStats
 from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
+from kiln.core.prefill_pacer import auto_itl_target_ms
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
@@ -78,6 +79,15 @@ def sampling_dict(p: SamplingParams) -> dict[str, Any]:
             "frequency_penalty": p.frequency_penalty, "max_tokens": p.max_tokens, "seed": p.seed}
 
 
+def resolved_itl_target_ms(settings: Settings, info: ModelInfo) -> float:
+    """engine.itl_target_ms as the engine runs it: "auto" becomes its number for these weights here."""
+    target = settings.engine.itl_target_ms
+    if target != "auto":
+        return float(target)
+    isa = kernels.active_isa() if info.device == "cpu" and kernels.enabled() else None
+    return auto_itl_target_ms(info.device, info.dtype, info.quantization, isa)
+
+
 def effective_inference_config(settings: Settings, info: ModelInfo, backend: str) -> dict[str, Any]:
     """The resolved inference policy: everything here can change what a request generates.
     Its canonical-JSON hash is `effective_config_hash` and the provenance `inference_config_sha256`."""
@@ -92,7 +102,7 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
         "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
                    "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching,
                    "prefill_cost_with_decodes": eng.prefill_cost_with_decodes,
-                   "itl_target_ms": eng.itl_target_ms},
+                   "itl_target_ms": resolved_itl_target_ms(settings, info)},
         "server": {"eval_mode": srv.eval_mode, "default_thinking_enabled": srv.default_thinking_enabled,
                    **ServerBudgetDefaults.from_settings(srv).to_dict(),
                    "fold_reasoning_into_content": srv.fold_reasoning_into_content},
@@ -425,19 +435,19 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     kv_dtype = next(model.parameters()).dtype
     block_size, num_blocks, max_len = kv_layout(settings, cfg, kv_dtype)
     runner = ModelRunner(model, num_blocks, block_size, device, kv_dtype)
-    actor = EngineActor(runner, tokenizer, block_size=block_size, num_blocks=num_blocks,
-                      max_num_seqs=settings.engine.max_num_seqs,
-                      max_batch_tokens=settings.engine.max_batch_tokens,
-                      enable_prefix_caching=settings.engine.enable_prefix_caching,
-                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
-                      itl_target_ms=settings.engine.itl_target_ms,
-                      decode_stats=decode_window(settings))
     info = ModelInfo(
         path=str(path), served_model_id=_served_id(path, settings.model.served_model_id), config=cfg,
         format=weights.format, dtype=str(kv_dtype).removeprefix("torch."), device=str(device),
         max_model_len=max_len, num_blocks=num_blocks, block_size=block_size, created=int(time.time()),
         generation_defaults=_generation_defaults(path), quantization=weights.quantization,
     )
+    actor = EngineActor(runner, tokenizer, block_size=block_size, num_blocks=num_blocks,
+                      max_num_seqs=settings.engine.max_num_seqs,
+                      max_batch_tokens=settings.engine.max_batch_tokens,
+                      enable_prefix_caching=settings.engine.enable_prefix_caching,
+                      prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
+                      itl_target_ms=resolved_itl_target_ms(settings, info),
+                      decode_stats=decode_window(settings))
     identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
     if start:
         actor.start()

@@ -5,7 +5,7 @@ import pytest
 
 from kiln.core.block_manager import BlockManager
 from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
-from kiln.core.prefill_pacer import MIN_SAMPLE_PRICE, PrefillPacer
+from kiln.core.prefill_pacer import AUTO_TARGET_MS, MIN_SAMPLE_PRICE, PrefillPacer, auto_itl_target_ms
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
@@ -165,3 +165,16 @@ def test_observe_teaches_the_pacer_the_steps_decodes_price_and_time():
     assert out.prefill_price == pytest.approx(chunk_cost(0, _prefilled(out)[0]))
     sched.observe(out, 12.0 + out.prefill_price * 2.0)
     assert pacer.prefill_ms(10.0) == pytest.approx(20.0)
+
+
+def test_auto_target_paces_dense_bfloat16_on_the_avx2_and_scalar_kernels():
+    assert auto_itl_target_ms("cpu", "bfloat16", "none", "avx2") == AUTO_TARGET_MS
+    assert auto_itl_target_ms("cpu", "bfloat16", "none", "scalar") == AUTO_TARGET_MS
+
+
+def test_auto_target_keeps_the_fixed_price_elsewhere():
+    assert auto_itl_target_ms("cpu", "bfloat16", "none", "avx512") == 0
+    assert auto_itl_target_ms("cpu", "bfloat16", "gguf", "avx2") == 0
+    assert auto_itl_target_ms("cpu", "float32", "none", "avx2") == 0
+    assert auto_itl_target_ms("cuda:0", "bfloat16", "none", None) == 0
+    assert auto_itl_target_ms("cpu", "bfloat16", "none", None) == 0   # kernels disabled

@@ -86,8 +86,8 @@ def test_scoring_errors_reach_the_caller(engine):
         asyncio.run(engine.score([10**9], 1))
 
 
-def test_without_an_itl_target_the_actor_keeps_the_fixed_prefill_price(engine):
-    assert EngineSettings().itl_target_ms == 0
+def test_an_auto_itl_target_keeps_the_fixed_prefill_price_for_a_float32_model(engine):
+    assert EngineSettings().itl_target_ms == "auto"
     assert engine.actor.scheduler.pacer is None
     assert engine.actor.scheduler.prefill_cost_with_decodes == EngineSettings().prefill_cost_with_decodes
 
