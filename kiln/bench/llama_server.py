@@ -2,7 +2,8 @@
 same GGUF, driven over HTTP exactly like Kiln's server.
 
 The binary comes from `--llama-server PATH` (or `$KILN_LLAMA_SERVER`), else `llama-server` on PATH,
-else the cache of the build script (`~/.cache/kiln-llama-server/.../build-<isa>/bin/llama-server`),
+else the cache of the build script (`~/.cache/kiln-llama-server/.../build-<isa>/bin/llama-server`; for
+the machine's own ISA an `ISA=avx512` build is taken before the native one),
 else the build script itself when one is named (`--build-llama-server SCRIPT` or
 `$KILN_BUILD_LLAMA_SERVER`, run as `ISA=native|avx2 SCRIPT`, printing the binary's path last). The
 AVX2 build has its own flag and variable (`--llama-server-avx2`, `$KILN_LLAMA_SERVER_AVX2`) and is
@@ -57,9 +58,12 @@ def locate(isa: str, explicit: str | None = None, build_script: str | None = Non
     on_path = shutil.which(BINARY) if isa == "native" else None
     if on_path:
         return Located(on_path, "on PATH")
-    cached = cached_binary(isa)
-    if cached is not None:
-        return Located(str(cached), "built earlier by the build script (cache)")
+    # for the machine's own ISA, an explicit AVX-512 build (ISA=avx512, no AMX) first: the -march=native
+    # build died with SIGSEGV at startup on an Intel Xeon with AMX
+    for build in (("avx512", "native") if isa == "native" else (isa,)):
+        cached = cached_binary(build)
+        if cached is not None:
+            return Located(str(cached), f"built earlier by the build script (cache, ISA={build})")
     script = build_script or os.environ.get(BUILD_ENV)
     if script:
         return _build(isa, script)
