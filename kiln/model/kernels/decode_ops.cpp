@@ -772,7 +772,7 @@ void rope_and_cache_rows(const torch::Tensor& q, const torch::Tensor& k, const t
   const int64_t per = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, (q.size(1) + k.size(1)) * d));
   kiln::parallel_tasks((tokens + per - 1) / per, [&](int64_t c) {
     const int64_t t0 = c * per, n = std::min(per, tokens - t0);
-    std::vector<float> buf;
+    thread_local std::vector<float> buf;   // one head row widened; kept across calls (a decode hot path)
     rope_rows<T>(qp + t0 * q.stride(0), q.stride(0), n, q.size(1), d, cp + t0 * d, sp + t0 * d, d, buf);
     rope_rows<T>(kp + t0 * k.stride(0), k.stride(0), n, k.size(1), d, cp + t0 * d, sp + t0 * d, d, buf);
     write_rows<T>(kp + t0 * k.stride(0), k.stride(0), k_cache.data_ptr<T>(), slots + t0, n, row);
