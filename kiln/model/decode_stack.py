@@ -66,14 +66,22 @@ def _fuse(linears: list[torch.nn.Linear], attr: str) -> SimpleNamespace:
     if isinstance(parts[0], PackedWeight):
         fused: Weight = concat_packed(parts)  # type: ignore[arg-type]
     else:
-        fused = DenseTiles(torch.cat([p.tiles for p in parts]),  # type: ignore[union-attr]
-                           sum(p.out_features for p in parts), parts[0].in_features)
+        tiles = torch.cat([p.tiles for p in parts])  # type: ignore[union-attr]
+        n, k = sum(p.out_features for p in parts), parts[0].in_features
+        if all(p.coded for p in parts) and len({p.code_kind for p in parts}) == 1:  # type: ignore[union-attr]
+            fused = DenseTiles(tiles, n, k, torch.cat([p.codes for p in parts]),  # type: ignore[union-attr]
+                               torch.cat([p.scales for p in parts]), parts[0].code_kind)  # type: ignore[union-attr]
+        else:  # blocks of different kinds: the tiles alone
+            fused = DenseTiles(tiles, n, k)
     tile = 0
     for lin, part in zip(linears, parts, strict=True):
         n = _tensors(part)[0].shape[0]
         views = [t[tile:tile + n] for t in _tensors(fused)]
-        setattr(lin, attr, PackedWeight(part.kind, part.out_features, part.in_features, *views, part.float_act)
-                if isinstance(part, PackedWeight) else DenseTiles(views[0], part.out_features, part.in_features))
+        if isinstance(part, PackedWeight):
+            setattr(lin, attr, PackedWeight(part.kind, part.out_features, part.in_features, *views, part.float_act))
+        else:
+            setattr(lin, attr, DenseTiles(views[0], part.out_features, part.in_features,
+                                          *(views[1:] + [fused.code_kind] if fused.coded else [])))  # type: ignore
         tile += n
     biases = [lin.bias for lin in linears]
     bias = None
@@ -85,7 +93,9 @@ def _fuse(linears: list[torch.nn.Linear], attr: str) -> SimpleNamespace:
 
 def _tensors(w: Weight) -> list[torch.Tensor]:
     """The per-tile storage of a weight (tiles along dim 0)."""
-    return [w.qs, w.scales] if isinstance(w, PackedWeight) else [w.tiles]
+    if isinstance(w, PackedWeight):
+        return [w.qs, w.scales]
+    return [w.tiles, w.codes, w.scales] if w.coded else [w.tiles]
 
 
 def _projection(w: Weight, bias: torch.Tensor | None) -> SimpleNamespace:
@@ -94,5 +104,8 @@ def _projection(w: Weight, bias: torch.Tensor | None) -> SimpleNamespace:
     if isinstance(w, PackedWeight):
         return SimpleNamespace(qs=w.qs, scales=w.scales, kind=w.kind, out_features=w.out_features,
                                in_features=w.in_features, bias=bias, float_act=w.float_act)
+    if w.coded:
+        return SimpleNamespace(qs=w.tiles, codes=w.codes, scales=w.scales, kind=f"bf16_codes{w.code_kind}",
+                               out_features=w.out_features, in_features=w.in_features, bias=bias, float_act=False)
     return SimpleNamespace(qs=w.tiles, kind="bf16", out_features=w.out_features, in_features=w.in_features,
                            bias=bias, float_act=False)

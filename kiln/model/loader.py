@@ -127,7 +127,12 @@ def load_model(
         dtype = "float32"
     torch_dtype = resolve_dtype(dtype, device)
     on_cpu = torch.device(device).type == "cpu"
-    weights = load_weights(path, torch_dtype, keep_quantized=quantization in ("gguf", "gguf-float") and on_cpu)
+    # the dense bfloat16 path keeps a GGUF's blocks too: a weight they rebuild exactly serves from them
+    # (kiln/model/dense_tiles.py), the same bits from a third of the bytes
+    dense_codes = quantization == "none" and on_cpu and torch_dtype == torch.bfloat16
+    weights = load_weights(path, torch_dtype,
+                           keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu)
+    codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
     model.eval()
@@ -144,7 +149,11 @@ def load_model(
         model.attach_packed(weights.packed)
         weights.quantization = quantization
     elif on_cpu and torch_dtype == torch.bfloat16:
-        attach_dense_tiles(model)
+        if codes and weights.config.tie_word_embeddings and "lm_head.weight" not in codes:
+            emb = codes.get("model.embed_tokens.weight")
+            if emb is not None:
+                codes["lm_head.weight"] = emb
+        attach_dense_tiles(model, codes)
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     return model, weights

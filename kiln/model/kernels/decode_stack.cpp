@@ -32,15 +32,20 @@
 namespace kiln {
 namespace {
 
+// activation rows up to which coded weights multiply from their codes (kiln/model/dense_tiles.py)
+constexpr int64_t kCodedMaxRows = 8;
+
 struct Projection {
-  torch::Tensor qs, scales;
+  torch::Tensor qs, scales, codes;
   int64_t kind, n, k;
   bool float_act = false;   // packed weights with float activations (qlinear_float) instead of int8
   c10::optional<torch::Tensor> bias;
 
-  // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs)
+  // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs); kind 3 / 4:
+  // those tiles (qs) and the same values as 4-bit / int8 codes (codes, scales) for decode rows
   torch::Tensor operator()(const torch::Tensor& x) const {
-    if (kind == 2) return linear_bf16(x, qs, n, k, bias, -1, false);
+    if (kind >= 3 && x.size(0) <= kCodedMaxRows) return linear_bf16_coded(x, codes, scales, kind - 3, n, k, bias, -1, false);
+    if (kind >= 2) return linear_bf16(x, qs, n, k, bias, -1, false);
     if (float_act) return qlinear_float(x, qs, scales, kind, n, k, bias, -1, false);
     return qlinear(x, qs, scales, kind, n, k, bias, -1);
   }
@@ -153,9 +158,11 @@ class DecodeStack {
     Projection p;
     p.qs = packed.attr("qs").cast<torch::Tensor>();
     const auto kind = packed.attr("kind").cast<std::string>();
-    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16", "DecodeStack: unknown weight kind ", kind);
-    p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : 2;
+    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16" || kind == "bf16_codes0" || kind == "bf16_codes1",
+                      "DecodeStack: unknown weight kind ", kind);
+    p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : kind == "bf16" ? 2 : kind == "bf16_codes0" ? 3 : 4;
     if (p.kind != 2) p.scales = packed.attr("scales").cast<torch::Tensor>();
+    if (p.kind >= 3) p.codes = packed.attr("codes").cast<torch::Tensor>();
     p.float_act = py::hasattr(packed, "float_act") && packed.attr("float_act").cast<bool>();
     p.n = packed.attr("out_features").cast<int64_t>();
     p.k = packed.attr("in_features").cast<int64_t>();

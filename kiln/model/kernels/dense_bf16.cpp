@@ -25,6 +25,8 @@
 #include "isa.h"
 #include "qlinear.h"
 
+#include <c10/util/Half.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -62,6 +64,7 @@ struct Problem {
   const float* bias;          // [T*16] or nullptr
   uint16_t* y;                // [M, N] bfloat16, or
   float* yf;                  // [M, N] float32 (the sums unrounded)
+  int64_t tile0 = 0;          // the tile `tiles` starts at (coded weights: a decoded run of tiles)
 };
 
 inline void store(const Problem& p, int64_t m, int64_t t, const float* acc) {
@@ -77,7 +80,7 @@ inline void store(const Problem& p, int64_t m, int64_t t, const float* acc) {
 }
 
 void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
-  const uint16_t* w = p.tiles + t * p.P * 32;
+  const uint16_t* w = p.tiles + (t - p.tile0) * p.P * 32;
   for (int64_t j = 0; j < mb; ++j) {
     const uint16_t* x = p.x + (m0 + j) * p.P * 2;
     float acc[kRows] = {};
@@ -103,14 +106,14 @@ void run_scalar(const Problem& p, int64_t t0, int64_t t1) {
 
 #ifdef KILN_BF16_X86
 #define KILN_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define KILN_BF16_AVX2 __attribute__((target("avx2,fma")))
+#define KILN_BF16_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // ---------------------------------------------------------------- AVX512-BF16
 
 // NT tiles from t, MB rows from m0: NT * MB independent chains.
 template <int NT, int MB>
 KILN_BF16 void tiles_avx512(const Problem& p, int64_t t, int64_t m0) {
-  const uint16_t* w = p.tiles + t * p.P * 32;
+  const uint16_t* w = p.tiles + (t - p.tile0) * p.P * 32;
   const int64_t tile = p.P * 32;
   __m512 acc[NT][MB];
   for (int i = 0; i < NT; ++i)
@@ -168,7 +171,7 @@ void run_avx512(const Problem& p, int64_t t0, int64_t t1) {
 // NT tiles from t, MB rows from m0 (MB <= 4): two ymm accumulators (rows 0-7, 8-15) per tile and row.
 template <int NT, int MB>
 KILN_BF16_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0) {
-  const uint16_t* w = p.tiles + t * p.P * 32;
+  const uint16_t* w = p.tiles + (t - p.tile0) * p.P * 32;
   const int64_t tile = p.P * 32;
   const int64_t xs = p.P * 2;
   const float* x = p.xf + m0 * xs;
@@ -253,6 +256,352 @@ Path path_for(int64_t isa) {
   return SCALAR;
 }
 
+// ---------------------------------------------------------------- coded tiles
+// A bfloat16 weight that is a GGUF's Q4_0 / Q4_1 / Q8_0 blocks dequantized (every value bf16(d*q + m)
+// or bf16(d*q), the float32 value rounded to nearest even) can stay in its codes: a third of the
+// bytes, and each value is rebuilt in registers bit for bit, then multiplied exactly as above. A decode
+// step streams the weights once, so fewer bytes is a faster step wherever memory bounds it; the
+// outputs are the dense kernel's, bit for bit, on every path (tested against the bfloat16 tiles).
+//
+// Layout, per tile t (16 output rows) and group g (32 K values, 16 K pairs q):
+//   kind 0 (4-bit): codes [T, G, 16, 16]: byte [t, g, q, r] = c(16t + r, 32g + 2q) | c(.., 32g + 2q + 1) << 4;
+//                   scales float16 [T, G, 32]: the 16 rows' d, then their m; w = bf16(fma(d, c, m)).
+//   kind 1 (int8):  codes [T, G, 16, 32]: byte [t, g, q, 16e + r] = c(16t + r, 32g + 2q + e) (int8);
+//                   scales float16 [T, G, 16]: d; w = bf16(d * c).
+// fma(d, c, m) is d*c + m rounded once, as the float32 dequantization computes it (d*c is exact: an
+// 11-bit significand times a 4- or 8-bit integer). Rows past n have codes 0 and d = m = 0.
+
+struct Coded {
+  int64_t kind;             // 0: 4-bit codes with d and m; 1: int8 codes with d
+  int64_t G;                // groups of 32 along K
+  const uint8_t* codes;
+  const uint16_t* scales;
+  int64_t code_bytes() const { return kind == 0 ? 256 : 512; }
+  int64_t scale_halfs() const { return kind == 0 ? 32 : 16; }
+  const uint8_t* group_codes(int64_t t, int64_t g) const { return codes + (t * G + g) * code_bytes(); }
+  const uint16_t* group_scales(int64_t t, int64_t g) const { return scales + (t * G + g) * scale_halfs(); }
+};
+
+// bytes of a tile's codes the one-row loop prefetches ahead of itself (each tile is its own stream)
+constexpr int64_t kCodedAheadBytes = 4096;
+
+inline float half_bits_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+// Tile t's bfloat16 values in the dense layout (dst [P, 32]).
+void decode_tile_scalar(const Coded& c, int64_t t, uint16_t* dst) {
+  for (int64_t g = 0; g < c.G; ++g) {
+    const uint8_t* cb = c.group_codes(t, g);
+    const uint16_t* s = c.group_scales(t, g);
+    for (int r = 0; r < kRows; ++r) {
+      const float d = half_bits_to_float(s[r]);
+      const float m = c.kind == 0 ? half_bits_to_float(s[kRows + r]) : 0.0f;
+      for (int q = 0; q < 16; ++q)
+        for (int e = 0; e < 2; ++e) {
+          const float w = c.kind == 0 ? std::fma(d, static_cast<float>((cb[q * 16 + r] >> (4 * e)) & 15), m)
+                                      : d * static_cast<float>(static_cast<int8_t>(cb[q * 32 + e * 16 + r]));
+          dst[(g * 16 + q) * 32 + 2 * r + e] = float_to_bf16_bits(w);
+        }
+    }
+  }
+}
+
+#ifdef KILN_BF16_X86
+// A float32 rounded to bfloat16 precision (nearest even), as a float32: adding 1.5 * 2^(e+16) puts the
+// value's bfloat16 ulp, 2^(e-7), at the sum's last place, so the add rounds it; subtracting gives it
+// back exactly. Weights here are 0 or at least 2^-24 in magnitude, far from denormals and overflow.
+KILN_BF16_AVX2 inline __m256 round_bf16_avx2(__m256 w) {
+  const __m256i e = _mm256_and_si256(_mm256_castps_si256(w), _mm256_set1_epi32(0x7F800000));
+  const __m256 c = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32((16 << 23) | 0x400000)));
+  return _mm256_sub_ps(_mm256_add_ps(w, c), c);
+}
+
+KILN_BF16_AVX2 inline __m256 int8_floats_avx2(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Pair q of a group: the even and odd K values of rows 0-7 (e0, o0) and 8-15 (e1, o1), rounded.
+template <int64_t KIND>
+KILN_BF16_AVX2 inline void decode_pair_avx2(const uint8_t* cb, int q, const __m256* dm, __m256* w) {
+  if constexpr (KIND == 0) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cb + q * 16));
+    const __m256i v0 = _mm256_cvtepu8_epi32(b), v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+    const __m256i low = _mm256_set1_epi32(15);
+    w[0] = round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, low)), dm[0], dm[2]));
+    w[1] = round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), dm[0], dm[2]));
+    w[2] = round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, low)), dm[1], dm[3]));
+    w[3] = round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), dm[1], dm[3]));
+  } else {
+    const uint8_t* p = cb + q * 32;
+    w[0] = round_bf16_avx2(_mm256_mul_ps(int8_floats_avx2(p), dm[0]));
+    w[1] = round_bf16_avx2(_mm256_mul_ps(int8_floats_avx2(p + 16), dm[0]));
+    w[2] = round_bf16_avx2(_mm256_mul_ps(int8_floats_avx2(p + 8), dm[1]));
+    w[3] = round_bf16_avx2(_mm256_mul_ps(int8_floats_avx2(p + 24), dm[1]));
+  }
+}
+
+// d for rows 0-7, 8-15, then m for them (kind 1: m unused).
+template <int64_t KIND>
+KILN_BF16_AVX2 inline void group_scales_avx2(const uint16_t* s, __m256* dm) {
+  dm[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  dm[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8)));
+  if constexpr (KIND == 0) {
+    dm[2] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
+    dm[3] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 24)));
+  }
+}
+
+template <int64_t KIND>
+KILN_BF16_AVX2 void decode_tile_avx2(const Coded& c, int64_t t, uint16_t* dst) {
+  for (int64_t g = 0; g < c.G; ++g) {
+    const uint8_t* cb = c.group_codes(t, g);
+    __m256 dm[4];
+    group_scales_avx2<KIND>(c.group_scales(t, g), dm);
+    for (int q = 0; q < 16; ++q) {
+      __m256 w[4];
+      decode_pair_avx2<KIND>(cb, q, dm, w);
+      // dword r = (even, odd): the even value's top half low, the odd one's (low half zero) high
+      for (int h = 0; h < 2; ++h) {
+        const __m256i pair = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(w[2 * h]), 16),
+                                             _mm256_castps_si256(w[2 * h + 1]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (g * 16 + q) * 32 + 16 * h), pair);
+      }
+    }
+  }
+}
+
+// One activation row over NT tiles from t, the weights rebuilt in registers: the FMAs of tiles_avx2.
+template <int64_t KIND, int NT>
+KILN_BF16_AVX2 void coded_row_avx2(const Problem& p, const Coded& c, int64_t t, int64_t m) {
+  const float* x = p.xf + m * p.P * 2;
+  __m256 acc[NT][2];
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < c.G; ++g) {
+    __m256 dm[NT][4];
+    for (int i = 0; i < NT; ++i) {
+      group_scales_avx2<KIND>(c.group_scales(t + i, g), dm[i]);
+      for (int64_t b = 0; b < c.code_bytes(); b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(c.group_codes(t + i, g) + kCodedAheadBytes + b), _MM_HINT_T0);
+    }
+    for (int q = 0; q < 16; ++q) {
+      const __m256 x0 = _mm256_broadcast_ss(x + 2 * (g * 16 + q));
+      const __m256 x1 = _mm256_broadcast_ss(x + 2 * (g * 16 + q) + 1);
+      for (int i = 0; i < NT; ++i) {
+        __m256 w[4];
+        decode_pair_avx2<KIND>(c.group_codes(t + i, g), q, dm[i], w);
+        acc[i][0] = _mm256_fmadd_ps(w[0], x0, _mm256_fmadd_ps(w[1], x1, acc[i][0]));
+        acc[i][1] = _mm256_fmadd_ps(w[2], x0, _mm256_fmadd_ps(w[3], x1, acc[i][1]));
+      }
+    }
+  }
+  alignas(32) float out[kRows];
+  for (int i = 0; i < NT; ++i) {
+    _mm256_store_ps(out, acc[i][0]);
+    _mm256_store_ps(out + 8, acc[i][1]);
+    store(p, m, t + i, out);
+  }
+}
+
+// The 16 rows' (even, odd) pairs of pair q as vdpbf16ps takes them.
+template <int64_t KIND>
+KILN_BF16 inline __m512bh decode_pair_avx512(const uint8_t* cb, int q, __m512 d, __m512 m) {
+  __m512 e, o;
+  if constexpr (KIND == 0) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cb + q * 16)));
+    e = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), d, m);
+    o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
+  } else {
+    const uint8_t* p = cb + q * 32;
+    e = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))), d);
+    o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))), d);
+  }
+  // words 0-15 the even values, 16-31 the odd ones (rounded to nearest even); interleaved per row
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return (__m512bh)_mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(o, e));
+}
+
+template <int64_t KIND>
+KILN_BF16 inline void group_scales_avx512(const uint16_t* s, __m512* d, __m512* m) {
+  *d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  *m = KIND == 0 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16))) : _mm512_setzero_ps();
+}
+
+template <int64_t KIND>
+KILN_BF16 void decode_tile_avx512(const Coded& c, int64_t t, uint16_t* dst) {
+  for (int64_t g = 0; g < c.G; ++g) {
+    __m512 d, m;
+    group_scales_avx512<KIND>(c.group_scales(t, g), &d, &m);
+    for (int q = 0; q < 16; ++q)
+      _mm512_storeu_si512(dst + (g * 16 + q) * 32, (__m512i)decode_pair_avx512<KIND>(c.group_codes(t, g), q, d, m));
+  }
+}
+
+// MB activation rows over NT tiles from t: the dot products of tiles_avx512, each pair decoded once.
+template <int64_t KIND, int NT, int MB>
+KILN_BF16 void coded_rows_avx512(const Problem& p, const Coded& c, int64_t t, int64_t m0) {
+  __m512 acc[NT][MB];
+  for (int i = 0; i < NT; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const uint16_t* x = p.x + m0 * p.P * 2;
+  for (int64_t g = 0; g < c.G; ++g) {
+    __m512 d[NT], m[NT];
+    for (int i = 0; i < NT; ++i) {
+      group_scales_avx512<KIND>(c.group_scales(t + i, g), &d[i], &m[i]);
+      for (int64_t b = 0; b < c.code_bytes(); b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(c.group_codes(t + i, g) + kCodedAheadBytes + b), _MM_HINT_T0);
+    }
+    for (int q = 0; q < 16; ++q) {
+      __m512bh xv[MB];
+      for (int j = 0; j < MB; ++j) {
+        int32_t pair;
+        std::memcpy(&pair, x + j * p.P * 2 + 2 * (g * 16 + q), 4);
+        xv[j] = (__m512bh)_mm512_set1_epi32(pair);
+      }
+      for (int i = 0; i < NT; ++i) {
+        const __m512bh wv = decode_pair_avx512<KIND>(c.group_codes(t + i, g), q, d[i], m[i]);
+        for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
+      }
+    }
+  }
+  alignas(64) float out[kRows];
+  for (int i = 0; i < NT; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm512_store_ps(out, acc[i][j]);
+      store(p, m0 + j, t + i, out);
+    }
+}
+
+template <int64_t KIND, int NT, int MB>
+KILN_BF16 void coded_run_avx512(const Problem& p, const Coded& c, int64_t t0, int64_t t1) {
+  int64_t t = t0;
+  for (; t + NT <= t1; t += NT) coded_rows_avx512<KIND, NT, MB>(p, c, t, 0);
+  for (; t < t1; ++t) coded_rows_avx512<KIND, 1, MB>(p, c, t, 0);
+}
+
+template <int64_t KIND>
+void coded_avx512(const Problem& p, const Coded& c, int64_t t0, int64_t t1) {
+  switch (p.M) {
+    case 1: return coded_run_avx512<KIND, 4, 1>(p, c, t0, t1);
+    case 2: return coded_run_avx512<KIND, 2, 2>(p, c, t0, t1);
+    case 3: return coded_run_avx512<KIND, 2, 3>(p, c, t0, t1);
+    case 4: return coded_run_avx512<KIND, 2, 4>(p, c, t0, t1);
+    case 5: return coded_run_avx512<KIND, 1, 5>(p, c, t0, t1);
+    case 6: return coded_run_avx512<KIND, 1, 6>(p, c, t0, t1);
+    case 7: return coded_run_avx512<KIND, 1, 7>(p, c, t0, t1);
+    default: return coded_run_avx512<KIND, 1, 8>(p, c, t0, t1);
+  }
+}
+#endif
+
+// Tiles [t0, t1) of a coded weight: a few activation rows rebuild the weights in registers (once for
+// all of them); more rows decode a run of tiles into `scratch` once and run the dense kernel over it.
+void run_coded(Path path, const Problem& p, const Coded& c, int64_t t0, int64_t t1, std::vector<uint16_t>& scratch) {
+#ifdef KILN_BF16_X86
+  if (path == AVX512_BF16 && p.M <= kMaxMB) return c.kind == 0 ? coded_avx512<0>(p, c, t0, t1) : coded_avx512<1>(p, c, t0, t1);
+  if (p.M == 1 && path == AVX2) {
+    constexpr int NT = 4;
+    FlushDenormals ftz;
+    int64_t t = t0;
+    for (; t + NT <= t1; t += NT) c.kind == 0 ? coded_row_avx2<0, NT>(p, c, t, 0) : coded_row_avx2<1, NT>(p, c, t, 0);
+    for (; t < t1; ++t) c.kind == 0 ? coded_row_avx2<0, 1>(p, c, t, 0) : coded_row_avx2<1, 1>(p, c, t, 0);
+    return;
+  }
+#endif
+  constexpr int64_t kRun = 8;   // tiles decoded at once: the dense kernel's widest group
+  const int64_t tile = p.P * 32;
+  scratch.resize(static_cast<size_t>(kRun * tile));
+  for (int64_t r0 = t0; r0 < t1; r0 += kRun) {
+    const int64_t r1 = std::min(t1, r0 + kRun);
+    for (int64_t t = r0; t < r1; ++t) {
+      uint16_t* dst = scratch.data() + (t - r0) * tile;
+#ifdef KILN_BF16_X86
+      if (path == AVX512_BF16) {
+        c.kind == 0 ? decode_tile_avx512<0>(c, t, dst) : decode_tile_avx512<1>(c, t, dst);
+        continue;
+      }
+      if (path == AVX2) {
+        c.kind == 0 ? decode_tile_avx2<0>(c, t, dst) : decode_tile_avx2<1>(c, t, dst);
+        continue;
+      }
+#endif
+      decode_tile_scalar(c, t, dst);
+    }
+    Problem q = p;
+    q.tiles = scratch.data();
+    q.tile0 = r0;
+#ifdef KILN_BF16_X86
+    if (path == AVX512_BF16) { run_avx512(q, r0, r1); continue; }
+    if (path == AVX2) { run_avx2(q, r0, r1); continue; }
+#endif
+    run_scalar(q, r0, r1);
+  }
+}
+
+// y = x @ W^T for dense tiles (`tiles`) or coded ones (`coded`, then `tiles` is null).
+torch::Tensor run_linear(const char* name, const torch::Tensor& x, const uint16_t* tiles, const Coded* coded,
+                         int64_t n, int64_t k, const c10::optional<torch::Tensor>& bias, int64_t isa, bool out_float) {
+  const int64_t T = (n + kRows - 1) / kRows, P = (k + 1) / 2;
+  const Path path = path_for(kiln::resolve_isa(isa, name));
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, n}, x.options().dtype(out_float ? torch::kFloat32 : torch::kBFloat16));
+  if (M == 0 || n == 0) return y;
+  // K padded to whole pairs (the padding weights are zero)
+  auto xp = (k % 2 || !x.is_contiguous()) ? at::constant_pad_nd(x, {0, 2 * P - k}).contiguous() : x;
+  const auto* xbits = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
+  torch::Tensor b;
+  std::vector<float> bias_pad;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, name, ": bias must have n elements");
+    b = bias->to(torch::kFloat32).contiguous();
+    bias_pad.assign(static_cast<size_t>(T * kRows), 0.0f);
+    std::memcpy(bias_pad.data(), b.data_ptr<float>(), sizeof(float) * n);
+  }
+  // the AVX2 path broadcasts float32 activations: widened once here (M x K, small next to W)
+  thread_local std::vector<float> xf;
+#ifdef KILN_BF16_X86
+  if (path == AVX2) {
+    xf.resize(static_cast<size_t>(M * 2 * P));
+    widen_avx2(xbits, xf.data(), M * 2 * P);
+  }
+#endif
+  const Problem p{M, n, P, xbits, xf.data(), tiles, bias_pad.empty() ? nullptr : bias_pad.data(),
+                  out_float ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                  out_float ? y.data_ptr<float>() : nullptr};
+  // chunks of consecutive tiles, whole groups of 8 so a chunk's tiles run side by side
+  const int64_t per_chunk = std::max<int64_t>(8, (T / 16 + 7) / 8 * 8);
+  const int64_t chunks = (T + per_chunk - 1) / per_chunk;
+  kiln::parallel_tasks(chunks, [&](int64_t c) {
+    const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);
+    if (coded != nullptr) {
+      thread_local std::vector<uint16_t> scratch;   // a run of decoded tiles, kept across calls
+      return run_coded(path, p, *coded, t0, t1, scratch);
+    }
+#ifdef KILN_BF16_X86
+    if (path == AVX512_BF16) return run_avx512(p, t0, t1);
+    if (path == AVX2) return run_avx2(p, t0, t1);
+#endif
+    run_scalar(p, t0, t1);
+  });
+  return y;
+}
+
+Coded coded_of(const char* name, const torch::Tensor& codes, const torch::Tensor& scales, int64_t kind, int64_t n,
+               int64_t k) {
+  TORCH_CHECK_VALUE(kind == 0 || kind == 1, name, ": kind must be 0 (4-bit codes) or 1 (int8 codes)");
+  TORCH_CHECK_VALUE(k % 32 == 0, name, ": k must be a whole number of groups of 32");
+  const int64_t T = (n + kRows - 1) / kRows, G = k / 32;
+  TORCH_CHECK_VALUE(codes.dim() == 4 && codes.size(0) == T && codes.size(1) == G && codes.size(2) == 16 &&
+                        codes.size(3) == (kind == 0 ? 16 : 32) && codes.is_contiguous() &&
+                        (codes.scalar_type() == torch::kUInt8 || codes.scalar_type() == torch::kInt8),
+                    name, ": codes do not match n, k and kind");
+  TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == T && scales.size(1) == G &&
+                        scales.size(2) == (kind == 0 ? 32 : 16) && scales.is_contiguous() &&
+                        scales.scalar_type() == torch::kFloat16,
+                    name, ": scales do not match n, k and kind");
+  return Coded{kind, G, static_cast<const uint8_t*>(codes.data_ptr()),
+               reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>())};
+}
+
 }  // namespace
 
 namespace kiln {
@@ -267,45 +616,35 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& tiles, in
   TORCH_CHECK_VALUE(tiles.dim() == 3 && tiles.size(0) == T && tiles.size(1) == P && tiles.size(2) == 32 &&
                         tiles.is_contiguous() && tiles.scalar_type() == torch::kBFloat16,
                     "kiln linear_bf16: tiles do not match n and k");
-  const Path path = path_for(resolve_isa(isa, "kiln linear_bf16"));
-  const int64_t M = x.size(0);
-  auto y = torch::empty({M, n}, x.options().dtype(out_float ? torch::kFloat32 : torch::kBFloat16));
-  if (M == 0 || n == 0) return y;
-  // K padded to whole pairs (the padding weights are zero)
-  auto xp = (k % 2 || !x.is_contiguous()) ? at::constant_pad_nd(x, {0, 2 * P - k}).contiguous() : x;
-  const auto* xbits = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
-  torch::Tensor b;
-  std::vector<float> bias_pad;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, "kiln linear_bf16: bias must have n elements");
-    b = bias->to(torch::kFloat32).contiguous();
-    bias_pad.assign(static_cast<size_t>(T * kRows), 0.0f);
-    std::memcpy(bias_pad.data(), b.data_ptr<float>(), sizeof(float) * n);
-  }
-  // the AVX2 path broadcasts float32 activations: widened once here (M x K, small next to W)
-  thread_local std::vector<float> xf;
+  return run_linear("kiln linear_bf16", x, reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>()), nullptr,
+                    n, k, bias, isa, out_float);
+}
+
+torch::Tensor linear_bf16_coded(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
+                                int64_t kind, int64_t n, int64_t k, const c10::optional<torch::Tensor>& bias,
+                                int64_t isa, bool out_float) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == k && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+                    "kiln linear_bf16_coded: x must be a [M, k] bfloat16 CPU tensor");
+  const Coded c = coded_of("kiln linear_bf16_coded", codes, scales, kind, n, k);
+  return run_linear("kiln linear_bf16_coded", x, nullptr, &c, n, k, bias, isa, out_float);
+}
+
+torch::Tensor decode_coded_tiles(const torch::Tensor& codes, const torch::Tensor& scales, int64_t kind, int64_t n,
+                                 int64_t k, int64_t isa) {
+  const Coded c = coded_of("kiln decode_coded_tiles", codes, scales, kind, n, k);
+  const Path path = path_for(resolve_isa(isa, "kiln decode_coded_tiles"));
+  const int64_t T = (n + kRows - 1) / kRows, P = k / 2;
+  auto tiles = torch::empty({T, P, 32}, torch::dtype(torch::kBFloat16));
+  auto* dst = reinterpret_cast<uint16_t*>(tiles.data_ptr<at::BFloat16>());
+  kiln::parallel_tasks(T, [&](int64_t t) {
+    uint16_t* out = dst + t * P * 32;
 #ifdef KILN_BF16_X86
-  if (path == AVX2) {
-    xf.resize(static_cast<size_t>(M * 2 * P));
-    widen_avx2(xbits, xf.data(), M * 2 * P);
-  }
+    if (path == AVX512_BF16) return c.kind == 0 ? decode_tile_avx512<0>(c, t, out) : decode_tile_avx512<1>(c, t, out);
+    if (path == AVX2) return c.kind == 0 ? decode_tile_avx2<0>(c, t, out) : decode_tile_avx2<1>(c, t, out);
 #endif
-  const Problem p{M, n, P, xbits, xf.data(), reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>()),
-                  bias_pad.empty() ? nullptr : bias_pad.data(),
-                  out_float ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
-                  out_float ? y.data_ptr<float>() : nullptr};
-  // chunks of consecutive tiles, whole groups of 8 so a chunk's tiles run side by side
-  const int64_t per_chunk = std::max<int64_t>(8, (T / 16 + 7) / 8 * 8);
-  const int64_t chunks = (T + per_chunk - 1) / per_chunk;
-  kiln::parallel_tasks(chunks, [&](int64_t c) {
-    const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);
-#ifdef KILN_BF16_X86
-    if (path == AVX512_BF16) return run_avx512(p, t0, t1);
-    if (path == AVX2) return run_avx2(p, t0, t1);
-#endif
-    run_scalar(p, t0, t1);
+    decode_tile_scalar(c, t, out);
   });
-  return y;
+  return tiles;
 }
 
 }  // namespace kiln

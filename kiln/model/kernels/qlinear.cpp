@@ -816,6 +816,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &kiln::linear_bf16, "y = x @ W^T (+ bias), bfloat16 weights in 16-row tiles of K pairs", py::arg("x"),
         py::arg("tiles"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(), py::arg("isa") = -1,
         py::arg("out_float") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("linear_bf16_coded", &kiln::linear_bf16_coded,
+        "y = x @ W^T (+ bias), bfloat16 weights kept as GGUF codes, rebuilt exactly (linear_bf16's bits)",
+        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"),
+        py::arg("bias") = py::none(), py::arg("isa") = -1, py::arg("out_float") = false,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("decode_coded_tiles", &kiln::decode_coded_tiles, "the bfloat16 tiles a coded weight stands for",
+        py::arg("codes"), py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"), py::arg("isa") = -1,
+        py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_supported", &kiln::bf16_dot_supported, "whether linear_bf16 runs on AVX512-BF16");
   m.def("paged_attention", &kiln::paged_attention, "query tokens over their paged context (decode rows)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
