@@ -94,6 +94,15 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return TinyModel("llama", path, hf, ours)
 
 
+@pytest.fixture(scope="module")
+def module():
+    """The compiled kernels (the test skips where they are unavailable)."""
+    mod = kernels.load()
+    if mod is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    return mod
+
+
 @pytest.fixture(params=kernels.cpu_isas())
 def each_isa(request: pytest.FixtureRequest):
     """The test runs once on every ISA this CPU supports, the kernels forced to it."""

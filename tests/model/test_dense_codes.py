@@ -15,14 +15,6 @@ from kiln.model.quant import pack_q4_1, pack_q8_0
 KINDS = {"q4_1": pack_q4_1, "q8_0": pack_q8_0}
 
 
-@pytest.fixture(scope="module")
-def module():
-    mod = kernels.load()
-    if mod is None:
-        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
-    return mod
-
-
 def _weight(kind: str, n: int, k: int, seed: int = 0):
     """A packed weight and the bfloat16 weight it dequantizes to (as a GGUF loads: float32, then rounded)."""
     gen = torch.Generator().manual_seed(seed)

@@ -12,14 +12,6 @@ from kiln.model.loader import load_model
 from .conftest import make_hf
 
 
-@pytest.fixture(scope="module")
-def module():
-    mod = kernels.load()
-    if mod is None:
-        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
-    return mod
-
-
 def _case(n: int, k: int, m: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     w = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()

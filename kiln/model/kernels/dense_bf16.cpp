@@ -110,6 +110,17 @@ void run_scalar(const Problem& p, int64_t t0, int64_t t1) {
 
 // ---------------------------------------------------------------- AVX512-BF16
 
+// NT tiles' accumulators for MB rows, into y.
+template <int NT, int MB>
+KILN_BF16 void store_avx512(const Problem& p, __m512 (&acc)[NT][MB], int64_t t, int64_t m0) {
+  alignas(64) float out[kRows];
+  for (int i = 0; i < NT; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm512_store_ps(out, acc[i][j]);
+      store(p, m0 + j, t + i, out);
+    }
+}
+
 // NT tiles from t, MB rows from m0: NT * MB independent chains.
 template <int NT, int MB>
 KILN_BF16 void tiles_avx512(const Problem& p, int64_t t, int64_t m0) {
@@ -132,12 +143,7 @@ KILN_BF16 void tiles_avx512(const Problem& p, int64_t t, int64_t m0) {
       for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
     }
   }
-  alignas(64) float out[kRows];
-  for (int i = 0; i < NT; ++i)
-    for (int j = 0; j < MB; ++j) {
-      _mm512_store_ps(out, acc[i][j]);
-      store(p, m0 + j, t + i, out);
-    }
+  store_avx512<NT, MB>(p, acc, t, m0);
 }
 
 // Rows [0, M) of tiles [t0, t1): groups of tiles side by side for few rows, row blocks for many.
@@ -463,12 +469,7 @@ KILN_BF16 void coded_rows_avx512(const Problem& p, const Coded& c, int64_t t, in
       }
     }
   }
-  alignas(64) float out[kRows];
-  for (int i = 0; i < NT; ++i)
-    for (int j = 0; j < MB; ++j) {
-      _mm512_store_ps(out, acc[i][j]);
-      store(p, m0 + j, t + i, out);
-    }
+  store_avx512<NT, MB>(p, acc, t, m0);
 }
 
 template <int64_t KIND, int NT, int MB>
