@@ -14,8 +14,9 @@ rows (decode steps) the kernel rebuilds every bfloat16 value exactly in register
 before, so the same bits from a third of the bytes; more rows (prefill) read the bfloat16 tiles, where
 rebuilding would cost more than the bytes it saves. `attach_dense_tiles` checks each coded weight
 against its tiles before it serves. On AVX2 the rebuilding (no bf16 conversion instruction) costs more
-than streaming bfloat16, so there the tiles serve alone (measured: a whole model's decode GEMVs 11.6 ms
-from tiles, 12.6-13.1 ms from codes; on AVX512-BF16 10.1-11.4 ms from tiles, 8.5-9.3 ms from codes).
+than streaming bfloat16, so there the tiles serve alone (measured on a 2-core Intel Xeon, a whole
+model's one-row decode GEMVs: AVX2 11.6-13.8 ms from tiles, 12.6-14.9 ms from codes; AVX512-BF16
+10.1-11.5 ms from tiles, 8.5-9.3 ms from codes).
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def code_weight(codes: QuantCodes) -> tuple[Tensor, Tensor, int]:
     return packed, d.contiguous(), 1
 
 
+def codes_serve_here() -> bool:
+    """Whether a coded weight's decode rows multiply from its codes here: on AVX512-BF16 only."""
+    module = kernels.load() if kernels.enabled() else None
+    return module is not None and kernels.active_isa() == "avx512" and module.bf16_dot_supported()
+
+
 def attach_dense_tiles(model: nn.Module, packed: dict[str, PackedWeight] | None = None) -> bool:
     """Give every projection and the LM head of a bfloat16 CPU model its tiles; False when the kernel
     cannot run here (not bfloat16, not CPU, kernels unavailable or disabled). With `packed` (HF weight
@@ -89,7 +96,7 @@ def attach_dense_tiles(model: nn.Module, packed: dict[str, PackedWeight] | None 
                if isinstance(m, nn.Linear) and (name.endswith("_proj") or name == "lm_head")]
     if not linears or any(m.weight.dtype != torch.bfloat16 or not m.weight.is_cpu for _, m in linears):
         return False
-    use_codes = bool(packed) and kernels.active_isa() == "avx512" and module.bf16_dot_supported()
+    use_codes = bool(packed) and codes_serve_here()
     for name, m in linears:
         m.dense_tiles = tile_weight(m.weight)
         pw = packed.get(f"{name}.weight") if use_codes and packed else None

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
-from kiln.model.dense_tiles import attach_dense_tiles
+from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
@@ -129,7 +129,7 @@ def load_model(
     on_cpu = torch.device(device).type == "cpu"
     # the dense bfloat16 path keeps a GGUF's blocks too: a weight they rebuild exactly serves from them
     # (kiln/model/dense_tiles.py), the same bits from a third of the bytes
-    dense_codes = quantization == "none" and on_cpu and torch_dtype == torch.bfloat16
+    dense_codes = quantization == "none" and on_cpu and torch_dtype == torch.bfloat16 and codes_serve_here()
     weights = load_weights(path, torch_dtype,
                            keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu)
     codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
@@ -142,21 +142,23 @@ def load_model(
         if quantization == "gguf-float":
             for pw in weights.packed.values():
                 pw.float_act = True
-        if weights.config.tie_word_embeddings and "lm_head.weight" not in weights.packed:
-            emb = weights.packed.get("model.embed_tokens.weight")
-            if emb is not None:
-                weights.packed["lm_head.weight"] = emb
+        _tie_head(weights.packed, weights.config.tie_word_embeddings)
         model.attach_packed(weights.packed)
         weights.quantization = quantization
     elif on_cpu and torch_dtype == torch.bfloat16:
-        if codes and weights.config.tie_word_embeddings and "lm_head.weight" not in codes:
-            emb = codes.get("model.embed_tokens.weight")
-            if emb is not None:
-                codes["lm_head.weight"] = emb
+        if codes:
+            _tie_head(codes, weights.config.tie_word_embeddings)
         attach_dense_tiles(model, codes)
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     return model, weights
+
+
+def _tie_head(packed: dict[str, Any], tied: bool) -> None:
+    """A tied LM head multiplies with the embedding's blocks (a GGUF stores them once)."""
+    emb = packed.get("model.embed_tokens.weight")
+    if tied and emb is not None:
+        packed.setdefault("lm_head.weight", emb)
 
 
 def quantize_projections(tensors: dict[str, Tensor], kind: str) -> dict[str, Any]:

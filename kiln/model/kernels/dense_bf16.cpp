@@ -288,7 +288,7 @@ struct Coded {
   const uint16_t* group_scales(int64_t t, int64_t g) const { return scales + (t * G + g) * scale_halfs(); }
 };
 
-// bytes of a tile's codes the one-row loop prefetches ahead of itself (each tile is its own stream)
+// bytes of a tile's codes the register loop prefetches ahead of itself (each tile is its own stream)
 constexpr int64_t kCodedAheadBytes = 4096;
 
 inline float half_bits_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
@@ -372,38 +372,6 @@ KILN_BF16_AVX2 void decode_tile_avx2(const Coded& c, int64_t t, uint16_t* dst) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (g * 16 + q) * 32 + 16 * h), pair);
       }
     }
-  }
-}
-
-// One activation row over NT tiles from t, the weights rebuilt in registers: the FMAs of tiles_avx2.
-template <int64_t KIND, int NT>
-KILN_BF16_AVX2 void coded_row_avx2(const Problem& p, const Coded& c, int64_t t, int64_t m) {
-  const float* x = p.xf + m * p.P * 2;
-  __m256 acc[NT][2];
-  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < c.G; ++g) {
-    __m256 dm[NT][4];
-    for (int i = 0; i < NT; ++i) {
-      group_scales_avx2<KIND>(c.group_scales(t + i, g), dm[i]);
-      for (int64_t b = 0; b < c.code_bytes(); b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c.group_codes(t + i, g) + kCodedAheadBytes + b), _MM_HINT_T0);
-    }
-    for (int q = 0; q < 16; ++q) {
-      const __m256 x0 = _mm256_broadcast_ss(x + 2 * (g * 16 + q));
-      const __m256 x1 = _mm256_broadcast_ss(x + 2 * (g * 16 + q) + 1);
-      for (int i = 0; i < NT; ++i) {
-        __m256 w[4];
-        decode_pair_avx2<KIND>(c.group_codes(t + i, g), q, dm[i], w);
-        acc[i][0] = _mm256_fmadd_ps(w[0], x0, _mm256_fmadd_ps(w[1], x1, acc[i][0]));
-        acc[i][1] = _mm256_fmadd_ps(w[2], x0, _mm256_fmadd_ps(w[3], x1, acc[i][1]));
-      }
-    }
-  }
-  alignas(32) float out[kRows];
-  for (int i = 0; i < NT; ++i) {
-    _mm256_store_ps(out, acc[i][0]);
-    _mm256_store_ps(out + 8, acc[i][1]);
-    store(p, m, t + i, out);
   }
 }
 
@@ -494,19 +462,13 @@ void coded_avx512(const Problem& p, const Coded& c, int64_t t0, int64_t t1) {
 }
 #endif
 
-// Tiles [t0, t1) of a coded weight: a few activation rows rebuild the weights in registers (once for
-// all of them); more rows decode a run of tiles into `scratch` once and run the dense kernel over it.
+// Tiles [t0, t1) of a coded weight. On AVX512-BF16 up to kMaxMB activation rows rebuild the weights in
+// registers (once for all of them). Otherwise a run of tiles is decoded into `scratch` once and the
+// dense kernel runs over it: what more rows, and AVX2 and scalar (where the loader serves tiles, not
+// codes; these paths give the same bits for tests and forced ISAs), take.
 void run_coded(Path path, const Problem& p, const Coded& c, int64_t t0, int64_t t1, std::vector<uint16_t>& scratch) {
 #ifdef KILN_BF16_X86
   if (path == AVX512_BF16 && p.M <= kMaxMB) return c.kind == 0 ? coded_avx512<0>(p, c, t0, t1) : coded_avx512<1>(p, c, t0, t1);
-  if (p.M == 1 && path == AVX2) {
-    constexpr int NT = 4;
-    FlushDenormals ftz;
-    int64_t t = t0;
-    for (; t + NT <= t1; t += NT) c.kind == 0 ? coded_row_avx2<0, NT>(p, c, t, 0) : coded_row_avx2<1, NT>(p, c, t, 0);
-    for (; t < t1; ++t) c.kind == 0 ? coded_row_avx2<0, 1>(p, c, t, 0) : coded_row_avx2<1, 1>(p, c, t, 0);
-    return;
-  }
 #endif
   constexpr int64_t kRun = 8;   // tiles decoded at once: the dense kernel's widest group
   const int64_t tile = p.P * 32;
