@@ -25,8 +25,6 @@
 #include "isa.h"
 #include "qlinear.h"
 
-#include <c10/util/Half.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -47,6 +45,7 @@ constexpr int64_t kAheadPairs = 32;
 
 using kiln::bf16_bits_to_float;
 using kiln::float_to_bf16_bits;
+using kiln::half_bits_to_float;
 
 inline float flush_denormal(float f) {
   uint32_t bits;
@@ -291,7 +290,6 @@ struct Coded {
 // bytes of a tile's codes the register loop prefetches ahead of itself (each tile is its own stream)
 constexpr int64_t kCodedAheadBytes = 4096;
 
-inline float half_bits_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 // Tile t's bfloat16 values in the dense layout (dst [P, 32]).
 void decode_tile_scalar(const Coded& c, int64_t t, uint16_t* dst) {

@@ -68,10 +68,10 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
 inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
 
-inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 using kiln::bf16_bits_to_float;
 using kiln::float_to_bf16_bits;
+using kiln::half_bits_to_float;
 
 // What every tile of one call shares.
 struct Problem {
@@ -160,8 +160,8 @@ void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
     const uint16_t* sg = p.scales + (t * p.G + g) * scale_group_halfs(p.kind);
     float dw[kRows], mw[kRows];
     for (int r = 0; r < kRows; ++r) {
-      dw[r] = half_to_float(sg[r]);
-      mw[r] = p.kind == Q4_1 ? half_to_float(sg[kRows + r]) : dw[r] * -128.0f;
+      dw[r] = half_bits_to_float(sg[r]);
+      mw[r] = p.kind == Q4_1 ? half_bits_to_float(sg[kRows + r]) : dw[r] * -128.0f;
     }
     for (int64_t j = 0; j < mb; ++j) {
       const int64_t m = m0 + j;

@@ -3,6 +3,8 @@
 
 #include <torch/extension.h>
 
+#include <c10/util/Half.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -14,6 +16,8 @@ inline float bf16_bits_to_float(uint16_t b) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+
+inline float half_bits_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 // Round to nearest even like c10::BFloat16 (NaN -> 0x7FC0).
 inline uint16_t float_to_bf16_bits(float f) {

@@ -19,8 +19,6 @@
 #include "isa.h"
 #include "qlinear.h"
 
-#include <c10/util/Half.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +32,8 @@
 
 namespace {
 
+using kiln::half_bits_to_float;
+
 constexpr int64_t Q4_1 = 0;
 constexpr int kRows = 16;
 constexpr int kGroup = 32;
@@ -41,7 +41,6 @@ constexpr int kMaxMB = 4;
 
 inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
 inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
-inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 struct Problem {
   int64_t kind, M, N, G;
@@ -91,8 +90,8 @@ void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
             lo = std::fma(code_scalar(p.kind, qg, c, r, i, false), xg[4 * c + i], lo);
             hi = std::fma(code_scalar(p.kind, qg, c, r, i, true), xg[16 + 4 * c + i], hi);
           }
-        acc[r] = std::fma(half_to_float(sg[r]), lo + hi, acc[r]);
-        if (p.kind == Q4_1) acc[r] = std::fma(half_to_float(sg[16 + r]), p.xsum[(m0 + j) * p.G + g], acc[r]);
+        acc[r] = std::fma(half_bits_to_float(sg[r]), lo + hi, acc[r]);
+        if (p.kind == Q4_1) acc[r] = std::fma(half_bits_to_float(sg[16 + r]), p.xsum[(m0 + j) * p.G + g], acc[r]);
       }
     }
     store(p, m0 + j, t, acc);
