@@ -1,7 +1,8 @@
 """The batching actor (`EngineActor`: one thread owns the model) and its asyncio bridge (`ActorBridge`).
 
 HTTP handlers never touch the model: they submit a request to the actor's inbox and read token
-events from an asyncio queue the actor fills with `loop.call_soon_threadsafe`. Between steps the
+events from an asyncio queue the actor fills with `loop.call_soon_threadsafe`, a step's events in one
+batch, handed over when the next step's model call starts (kiln.engine.outbox). Between steps the
 actor drains its inbox, so new requests join a running batch at the next step and aborted ones
 (a client that went away) free their blocks at once. Prompt scoring (/v1/completions) also runs on
 the actor, between steps, since only the actor may touch the model.
@@ -31,6 +32,7 @@ from kiln.core.sequence import Sequence
 from kiln.core.stop import StopMatcher
 from kiln.engine.detokenizer import IncrementalDetokenizer
 from kiln.engine.lora_slots import AdapterTarget, LoraSlots
+from kiln.engine.outbox import Outbox, sink_emit
 from kiln.engine.runner import ModelRunner
 from kiln.engine.scoring import PromptScores
 from kiln.engine.timing import ChoiceStats, StepTiming
@@ -137,6 +139,7 @@ class EngineActor:
         self.lora_slots = LoraSlots(runner.model)
         self._inbox: queue.Queue = queue.Queue()
         self._choices: dict[int, _Choice] = {}
+        self._outbox = Outbox()   # token events of the last step, handed over as the next one starts
         self._by_request: dict[str, list[_Choice]] = {}
         self._seq_ids = itertools.count(1)
         self._stop = threading.Event()
@@ -197,6 +200,8 @@ class EngineActor:
             log.exception("engine warm-up failed")
         while not self._stop.is_set():
             try:
+                if not self.scheduler.has_work():
+                    self._outbox.flush()
                 self._drain_inbox(block=not self.scheduler.has_work())
                 if self._stop.is_set():
                     break
@@ -283,6 +288,7 @@ class EngineActor:
         started = time.perf_counter()
         out = self.scheduler.schedule()
         if not out.items:
+            self._outbox.flush()
             time.sleep(0.001)  # waiting work that cannot be admitted yet
             idle = (time.perf_counter() - started) * 1000.0
             for choice in self._choices.values():
@@ -294,7 +300,7 @@ class EngineActor:
             choice = self._choices.get(it.seq.seq_id)
             if choice is not None and choice.stats.admitted_at is None:
                 choice.stats.admitted_at = started
-        results, timing = self.runner.step(out)
+        results, timing = self.runner.step(out, launched=self._outbox.flush)
         self.scheduler.observe(out, (time.perf_counter() - started) * 1000.0)
         self._account(out, prefilling, timing, results)
         for seq_id, res in results.items():
@@ -316,6 +322,8 @@ class EngineActor:
                 choice.last_token_at = now
                 self._on_token(choice, res.token_id, res.logprob, now, res.forced, timing)
         self.decode_stats.record_step(now, gaps)
+        if not self.scheduler.has_work():
+            self._outbox.flush()   # no next step to carry them
 
     def _account(self, out, prefilling: dict[int, bool], timing: StepTiming, results: dict) -> None:
         """Charge the step to each request it carried (a shared step counts fully for each)."""
@@ -363,12 +371,13 @@ class EngineActor:
             if choice.budget is not None:
                 outcome = choice.budget.outcome(seq.num_output_tokens)
         idle, choice.idle_ms = choice.idle_ms, 0.0
-        choice.emit(ChoiceEvent(choice.index, text, [token], [logprob], finish, [now], forced=[forced],
-                                budget_outcome=outcome, step=step, idle_ms=idle,
-                                # the first token's event carries queue/admission/prefill times for
-                                # its timing event; the last one carries the totals
-                                stats=choice.stats.snapshot() if first or finish is not None else None,
-                                delivered_at=time.perf_counter()))
+        # delivered_at is set when the outbox hands the event over
+        self._outbox.post(choice.emit, ChoiceEvent(
+            choice.index, text, [token], [logprob], finish, [now], forced=[forced], budget_outcome=outcome,
+            step=step, idle_ms=idle,
+            # the first token's event carries queue/admission/prefill times for its timing event; the
+            # last one carries the totals
+            stats=choice.stats.snapshot() if first or finish is not None else None))
 
     def _finish(self, choice: _Choice, reason: str) -> None:
         self._choices.pop(choice.seq.seq_id, None)
@@ -380,6 +389,7 @@ class EngineActor:
             self._by_request.pop(choice.request_id, None)
 
     def _fail_all(self, message: str) -> None:
+        self._outbox.flush()   # what was sampled before the failure comes first
         for choice in list(self._choices.values()):
             self._finish(choice, "error")
             choice.emit(ChoiceEvent(choice.index, "", [], [], "error", error=message,
@@ -417,9 +427,7 @@ class ActorBridge:
         pending = {(i, c) for i, r in enumerate(requests) for c in range(len(r.params))}
 
         def emitter(i: int) -> Callable[[ChoiceEvent], None]:
-            def emit(ev: ChoiceEvent) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, (i, ev))
-            return emit
+            return sink_emit(loop, lambda ev: events.put_nowait((i, ev)))
 
         self.actor.submit_many([(rid, r.prompt_ids, r.params, emitter(i), r.budgets, r.adapter)
                                 for i, (rid, r) in enumerate(zip(rids, requests, strict=True))])

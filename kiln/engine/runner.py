@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,8 +85,10 @@ class ModelRunner:
         return compute_prompt_scores(self.model, token_ids, top_k, lora)
 
     @torch.inference_mode()
-    def step(self, out: SchedulerOutput) -> tuple[dict[int, StepResult], StepTiming]:
-        """Sampled tokens by seq id, and how long the step's parts took."""
+    def step(self, out: SchedulerOutput, launched: Callable[[], None] | None = None
+             ) -> tuple[dict[int, StepResult], StepTiming]:
+        """Sampled tokens by seq id, and how long the step's parts took. `launched` runs once the inputs
+        are built, as the model's layers start (the actor hands the last step's events over then)."""
         if not out.items:
             return {}, StepTiming(0.0, 0.0, 0.0)
         clock = _StepClock(self.device)
@@ -104,7 +107,7 @@ class ModelRunner:
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         lora = build_lora_step([it.seq.lora_slot for it in out.items], [it.num_new_tokens for it in out.items],
                                attn.num_decode_tokens, self.device)
-        hidden = self.model(ids_t, pos_t, attn, self.kv_cache, lora)
+        hidden = self.model(ids_t, pos_t, attn, self.kv_cache, lora, launched=launched)
 
         rows: list[int] = []
         sampled_items = []

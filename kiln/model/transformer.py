@@ -7,6 +7,7 @@ of one KV group are folded into the query-length axis, so one SDPA per group of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -358,16 +359,19 @@ class Transformer(nn.Module):
         self._tie()
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionMetadata, kv_cache: KVCache,
-                lora: LoraStep | None = None) -> Tensor:
+                lora: LoraStep | None = None, launched: Callable[[], None] | None = None) -> Tensor:
         """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`.
 
-        `lora` routes tokens to adapter slots of `self.lora_bank` (None: every token uses the base)."""
+        `lora` routes tokens to adapter slots of `self.lora_bank` (None: every token uses the base).
+        `launched` is called just before the layers run (on the C++ stack: without the GIL)."""
         with torch.no_grad():
             ctx = self._step_context(positions, attn)
             if lora is not None and self.lora_bank is not None:
                 ctx.lora = BankRouting(self.lora_bank, lora)
             h = self.model.embed_tokens(input_ids)
             stack = self._stack_for(ctx, h, kv_cache)
+            if launched is not None:
+                launched()
             if stack is not None:
                 h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping,
                                   attn.decode_context_slots, attn.decode_context_lens, self.config.head_dim ** -0.5,
