@@ -201,7 +201,7 @@ class EngineActor:
         while not self._stop.is_set():
             try:
                 if not self.scheduler.has_work():
-                    self._outbox.flush()
+                    self._outbox.flush()   # no next step to carry the last one's events
                 self._drain_inbox(block=not self.scheduler.has_work())
                 if self._stop.is_set():
                     break
@@ -322,8 +322,6 @@ class EngineActor:
                 choice.last_token_at = now
                 self._on_token(choice, res.token_id, res.logprob, now, res.forced, timing)
         self.decode_stats.record_step(now, gaps)
-        if not self.scheduler.has_work():
-            self._outbox.flush()   # no next step to carry them
 
     def _account(self, out, prefilling: dict[int, bool], timing: StepTiming, results: dict) -> None:
         """Charge the step to each request it carried (a shared step counts fully for each)."""
