@@ -306,6 +306,24 @@ def test_more_threads_give_the_same_result() -> None:
     assert same_with_one_and_two_threads(pack_q4_1(weight(3072, 576)), activations(2, 576))
 
 
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_a_wide_batch_on_two_threads_equals_each_row_alone(kind: str) -> None:
+    # 64 rows: the chunks of tiles shrink to single tiles at the end, which may change no bit of any row
+    packed = pack(kind, weight(1000, 576))
+    x = activations(64, 576, torch.float32, seed=5)
+    assert same_with_one_and_two_threads(packed, x)
+    bias = torch.randn(1000, generator=torch.Generator().manual_seed(6))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        wide = quant_linear(x, packed, bias)
+        alone = torch.cat([quant_linear(x[i:i + 1], packed, bias) for i in range(64)])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(wide, alone)
+
+
 def same_with_one_and_two_threads(packed: PackedWeight, x: torch.Tensor) -> bool:
     before = torch.get_num_threads()
     try:

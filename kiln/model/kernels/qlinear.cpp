@@ -718,26 +718,38 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   const int64_t per_chunk = std::max(ceil_div(int64_t{16} << 10, tile_bytes),
                                      std::min(ceil_div(int64_t{64} << 10, tile_bytes), ceil_div(T, 4 * threads)));
+  // With 8 or more rows a tile is compute, not a stream from DRAM: the chunks shrink to one tile
+  // towards the end, so the threads finish together (whoever claims the last chunk is the one the
+  // call waits for).
+  thread_local std::vector<int64_t> bounds;
+  bounds.assign(1, 0);
+  const int64_t min_chunk = M >= kMaxMB ? 1 : per_chunk;
+  for (int64_t t = 0; t < T;) {
+    const int64_t guided = (T - t) / (2 * threads);
+    t = std::min(T, t + std::max(min_chunk, std::min(per_chunk, guided)));
+    bounds.push_back(t);
+  }
   struct Job {
     const Problem* p;
-    int64_t isa, per_chunk, T;
-  } job{&p, isa, per_chunk, T};
+    int64_t isa;
+    const int64_t* bounds;
+  } job{&p, isa, bounds.data()};
   auto run_chunk = [](const void* ctx, int64_t chunk) {
     const Job& j = *static_cast<const Job*>(ctx);
     const Problem& p = *j.p;
-    const int64_t t1 = std::min(j.T, (chunk + 1) * j.per_chunk);
+    const int64_t t0 = j.bounds[chunk], t1 = j.bounds[chunk + 1];
 #ifdef KILN_X86
     {
       // the tile loop prefetches ahead of itself; request the run-up at once (kPrefetchBytes on AVX2
       // too: its whole 16 KB at once measured slower)
       const int64_t qb = p.G * qs_group_bytes(p.kind), sb = p.G * scale_group_halfs(p.kind) * 2;
-      const char* q0 = reinterpret_cast<const char*>(p.qs + chunk * j.per_chunk * qb);
-      const char* s0 = reinterpret_cast<const char*>(p.scales) + chunk * j.per_chunk * sb;
+      const char* q0 = reinterpret_cast<const char*>(p.qs + t0 * qb);
+      const char* s0 = reinterpret_cast<const char*>(p.scales) + t0 * sb;
       for (int64_t b = 0; b < kPrefetchBytes; b += 64) _mm_prefetch(q0 + b, _MM_HINT_T0);
       for (int64_t b = 0; b < kPrefetchBytes * sb / qb + 64; b += 64) _mm_prefetch(s0 + b, _MM_HINT_T0);
     }
 #endif
-    for (int64_t t = chunk * j.per_chunk; t < t1; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
         const int64_t mb = std::min<int64_t>(kMaxMB, p.M - m0);
 #ifdef KILN_X86
@@ -754,7 +766,7 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
       }
     }
   };
-  const int64_t chunks = (T + per_chunk - 1) / per_chunk;
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
   const int helpers = at::in_parallel_region() ? 0 : at::get_num_threads() - 1;
   pool().run(chunks, helpers, run_chunk, &job);
   return y;
