@@ -230,6 +230,16 @@ class Attention(nn.Module):
         return project(self.o_proj, out, lora, self.layer_idx, "o_proj")
 
 
+def silu_mul(gate: Tensor, up: Tensor, serving: bool) -> Tensor:
+    """silu(gate) * up. The serving path of CPU tensors takes the kernel the decode stack takes: ATen's
+    silu rounds a row's last few elements differently from the rest, so where a row ends would
+    otherwise decide bits that the stack and this path must share."""
+    module = cpu_kernels(gate) if serving and gate.dim() == 2 and not up.requires_grad else None
+    if module is None or gate.dtype not in (torch.float32, torch.bfloat16) or up.dtype != gate.dtype:
+        return F.silu(gate) * up
+    return module.silu_mul(gate, up)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0, **factory: Any) -> None:
         super().__init__()
@@ -242,7 +252,7 @@ class MLP(nn.Module):
         li = self.layer_idx
         gate = project(self.gate_proj, x, lora, li, "gate_proj", packed_ok)
         up = project(self.up_proj, x, lora, li, "up_proj", packed_ok)
-        return project(self.down_proj, F.silu(gate) * up, lora, li, "down_proj", packed_ok)
+        return project(self.down_proj, silu_mul(gate, up, packed_ok), lora, li, "down_proj", packed_ok)
 
 
 class DecoderLayer(nn.Module):

@@ -5,10 +5,10 @@
 // the matmuls; this class runs the same sequence of calls from C++ instead:
 //
 //   x = rms_norm(h); q, k, v = qlinear(x); rope_and_cache; o = paged_attention; h = h + qlinear(o)
-//   x = rms_norm(h); gate, up = qlinear(x); h = h + qlinear(silu(gate) * up)
+//   x = rms_norm(h); gate, up = qlinear(x); h = h + qlinear(silu_mul(gate, up))
 //
 // It calls the very functions the Python path (kiln/model/transformer.py) calls, in the same order and
-// dtypes (elementwise steps are the same ATen ops), so a token computed here is bit-identical to the
+// dtypes (the same Kiln kernels for norms, adds and silu_mul), so a token computed here is bit-identical to the
 // same token computed in a mixed step there: a sequence's output never depends on which path carried
 // which of its steps. Projections whose outputs are concatenated (q/k/v, gate/up) may be one packed
 // weight: qlinear's outputs are per output row, so fusing them changes no value.
@@ -23,11 +23,11 @@
 #include "lora_bgmv.h"
 #include "qlinear.h"
 #include "qlinear_float.h"
+#include "silu_mul.h"
 
 #include <algorithm>
 #include <vector>
 
-#include <ATen/Parallel.h>  // at::internal::GRAIN_SIZE
 
 namespace kiln {
 namespace {
@@ -133,24 +133,10 @@ class DecodeStack {
   }
 
  private:
-  // silu(gate) * up, a few rows per task on the kernels' pool. One at::silu over all T rows would run
-  // on OpenMP's threads, whose spinning after every region takes the cores from the pool's workers
-  // (a sixth of a 32-row AVX2 step went there). A task's slice is under ATen's grain size, so it
-  // runs inline on its thread; the elementwise loops run row by row either way: the same bits.
+  // silu(gate) * up from the fused gate|up output: Kiln's kernel, which the layer path's MLP calls too
+  // (an element's bits do not depend on where in a row it sits; ATen's silu tails did)
   at::Tensor silu_mul(const at::Tensor& gu) const {
-    const int64_t T = gu.size(0);
-    auto act = at::empty({T, inter_}, gu.options());
-    const int64_t rows = std::max<int64_t>(1, (at::internal::GRAIN_SIZE / 2) / std::max<int64_t>(1, inter_));
-    const bool inference = c10::InferenceMode::is_enabled();   // thread-local: the tasks' threads take the caller's
-    kiln::parallel_tasks((T + rows - 1) / rows, [&](int64_t c) {
-      c10::InferenceMode mode(inference);
-      const int64_t r0 = c * rows, n = std::min(rows, T - r0);
-      auto out = act.narrow(0, r0, n);
-      const auto part = gu.narrow(0, r0, n);
-      at::silu_out(out, part.narrow(1, 0, inter_));
-      out.mul_(part.narrow(1, inter_, inter_));
-    });
-    return act;
+    return kiln::silu_mul(gu.narrow(1, 0, inter_), gu.narrow(1, inter_, inter_));
   }
 
   static Projection to_projection(const py::object& packed) {

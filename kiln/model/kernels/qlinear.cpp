@@ -28,6 +28,7 @@
 #include "qlinear.h"
 #include "qlinear_float.h"
 #include "lora_bgmv.h"
+#include "silu_mul.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
 
 #include <algorithm>
@@ -823,6 +824,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v_cache"), py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
   m.def("greedy_pick", &kiln::greedy_pick, "(argmax, its log-softmax) of each row of float32 logits [B, V]",
         py::arg("logits"), py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &kiln::silu_mul, "silu(gate) * up for [T, n] rows, the same bits at every position",
+        py::arg("gate"), py::arg("up"));
   m.def("add_inplace", &kiln::add_inplace, "h += delta, rounded as torch.add rounds", py::arg("h"), py::arg("delta"));
   kiln::register_decode_stack(m);
   m.def("linear_bf16", &kiln::linear_bf16, "y = x @ W^T (+ bias), bfloat16 weights in 16-row tiles of K pairs", py::arg("x"),
