@@ -1,14 +1,21 @@
-"""Build the C++ `DecodeStack` (kernels/decode_stack.cpp) for a model served with packed weights or
-with the bfloat16 tiles of the dense kernel.
+"""Fuse each layer's q|k|v and gate|up projections into one weight each, and build the C++
+`DecodeStack` (kernels/decode_stack.cpp) over them for a model served with packed weights or with the
+bfloat16 tiles of the dense kernel.
 
-The stack runs all decoder layers of a decode-only step in one call. It needs every projection of
-every layer packed (q4_1 / q8_0) or every one tiled (bf16), no q/k norm (qwen3 keeps the Python
-path), and whole 16-row tiles for q/k and gate, so the concatenated q|k|v and gate|up weights are the
-layers' own storage: the per-projection weights become views into them, no second copy.
+`fuse_projections` (run by the loader) concatenates the projections that read one input (whole
+16-row tiles stack), and the per-projection weights become views into the fused storage, no second
+copy. The serving path's layers (kiln/model/transformer.py) then quantize or widen a layer's input
+once per group instead of once per projection, and the stack multiplies with the same weights:
+outputs are per output row, so fusing changes no value.
+
+The stack runs all decoder layers of a decode-only step in one call. It needs every layer fused and
+its other projections packed (q4_1 / q8_0) or every one tiled (bf16), and no q/k norm (qwen3 keeps
+the Python path).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -20,50 +27,87 @@ from kiln.model.quant import TILE_ROWS, PackedWeight, concat_packed
 if TYPE_CHECKING:
     from kiln.model.transformer import Transformer
 
+Weight = PackedWeight | DenseTiles
+
+
+@dataclass(eq=False)
+class FusedProjection:
+    """Projections of one input with concatenated outputs (q|k|v or gate|up) as one weight."""
+
+    weight: Weight
+    bias: torch.Tensor | None
+    sizes: list[int]   # each projection's out_features, in order
+
+
+def fuse_projections(model: Transformer) -> None:
+    """Give every layer whose q/k/v (and gate/up) weights can stack a fused twin: `fused_qkv` on the
+    attention, `fused_gate_up` on the MLP (None where they cannot). Idempotent."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if getattr(attn, "fused_qkv", None) is None:
+            attn.fused_qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        if getattr(mlp, "fused_gate_up", None) is None:
+            mlp.fused_gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
+
+
+def clear_fused(model: Transformer) -> None:
+    """Forget the fused twins (before the projections' weights are replaced)."""
+    for layer in model.model.layers:
+        layer.self_attn.fused_qkv = None
+        layer.mlp.fused_gate_up = None
+
+
+def _weight_attr(linears: list[torch.nn.Linear]) -> str | None:
+    for attr in ("packed", "dense_tiles"):
+        if all(getattr(lin, attr, None) is not None for lin in linears):
+            return attr
+    return None
+
 
 def build_decode_stack(model: Transformer, module: ModuleType) -> Any | None:
     """A `DecodeStack` over the model's layers, or None when some layer cannot run in it."""
     cfg = model.config
     if cfg.qk_norm:
         return None
+    fuse_projections(model)
     layers = list(model.model.layers)
-    plans = []
-    attr = None
+    attr = _weight_attr([layers[0].self_attn.o_proj]) if layers else None
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        gate_up = [mlp.gate_proj, mlp.up_proj]
-        linears = [*qkv, attn.o_proj, *gate_up, mlp.down_proj]
-        attr = attr or ("packed" if getattr(attn.q_proj, "packed", None) is not None else "dense_tiles")
-        weights = [getattr(lin, attr, None) for lin in linears]
-        if any(w is None for w in weights):
+        groups = [attn.fused_qkv, mlp.fused_gate_up]
+        if any(g is None or isinstance(g.weight, PackedWeight) != (attr == "packed") for g in groups):
             return None
-        if attr == "packed":
-            if any(not w.qs.is_cpu for w in weights):
-                return None
-            if any(len({w.kind for w in group}) != 1 for group in (weights[:3], weights[4:6])):
-                return None
-        if any(w.out_features % TILE_ROWS for w in (*weights[:2], weights[4])):
+        if _weight_attr([attn.o_proj, mlp.down_proj]) != attr:
             return None
-        plans.append((qkv, gate_up, attn.o_proj, mlp.down_proj))
+        if attr == "packed" and any(not getattr(lin, attr).qs.is_cpu for lin in (attn.o_proj, mlp.down_proj)):
+            return None
     stack = module.DecodeStack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.rms_norm_eps)
-    for layer, (qkv, gate_up, o_proj, down_proj) in zip(layers, plans, strict=True):
-        projections = [_fuse(qkv, attr), _projection(getattr(o_proj, attr), o_proj.bias), _fuse(gate_up, attr),
-                       _projection(getattr(down_proj, attr), down_proj.bias)]
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = [_projection(attn.fused_qkv.weight, attn.fused_qkv.bias),
+                       _projection(getattr(attn.o_proj, attr), attn.o_proj.bias),
+                       _projection(mlp.fused_gate_up.weight, mlp.fused_gate_up.bias),
+                       _projection(getattr(mlp.down_proj, attr), mlp.down_proj.bias)]
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         projections)
     return stack
 
 
-Weight = PackedWeight | DenseTiles
-
-
-def _fuse(linears: list[torch.nn.Linear], attr: str) -> SimpleNamespace:
-    """One weight for the concatenated outputs (whole tiles stack); each linear's own weight (`attr`)
-    becomes a view of it."""
+def _fuse(linears: list[torch.nn.Linear]) -> FusedProjection | None:
+    """One weight for the concatenated outputs (whole tiles stack); each linear's own weight becomes a
+    view of it. None when the weights cannot stack (mixed kinds, a part of partial tiles, not CPU)."""
+    attr = _weight_attr(linears)
+    if attr is None:
+        return None
     parts: list[Weight] = [getattr(lin, attr) for lin in linears]
+    if any(p.out_features % TILE_ROWS for p in parts[:-1]) or len({p.in_features for p in parts}) != 1:
+        return None
     if isinstance(parts[0], PackedWeight):
+        if len({p.kind for p in parts}) != 1 or len({p.float_act for p in parts}) != 1:  # type: ignore[union-attr]
+            return None
+        if any(not p.qs.is_cpu for p in parts):  # type: ignore[union-attr]
+            return None
         fused: Weight = concat_packed(parts)  # type: ignore[arg-type]
     else:
         tiles = torch.cat([p.tiles for p in parts])  # type: ignore[union-attr]
@@ -88,7 +132,7 @@ def _fuse(linears: list[torch.nn.Linear], attr: str) -> SimpleNamespace:
     if any(b is not None for b in biases):
         bias = torch.cat([b.detach() if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
                           for b, lin in zip(biases, linears, strict=True)])
-    return _projection(fused, bias)
+    return FusedProjection(fused, bias, [lin.out_features for lin in linears])
 
 
 def _tensors(w: Weight) -> list[torch.Tensor]:

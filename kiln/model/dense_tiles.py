@@ -120,11 +120,16 @@ def dense_linear(x: Tensor, linear: nn.Linear, out_float: bool = False) -> Tenso
         # no kernel (disabled, still building): torch's float32 GEMM, not its emulated bfloat16 one
         y = widened_linear(x.to(cd), linear.weight, linear.bias)
         return y.float() if out_float else y.to(x.dtype)
+    return tiles_linear(module, x, tiles, linear.bias, out_float)
+
+
+def tiles_linear(module, x: Tensor, tiles: DenseTiles, bias: Tensor | None, out_float: bool = False) -> Tensor:
+    """`x @ W^T (+ bias)` through the kernel `module` for bfloat16 `x` on the CPU: from the codes for
+    decode-sized batches of a coded weight, else from the tiles (the same bits either way)."""
     x2 = x.reshape(-1, tiles.in_features)
     if tiles.coded and x2.shape[0] <= CODED_MAX_ROWS:
         y = module.linear_bf16_coded(x2, tiles.codes, tiles.scales, tiles.code_kind, tiles.out_features,
-                                     tiles.in_features, linear.bias, out_float=out_float)
+                                     tiles.in_features, bias, out_float=out_float)
     else:
-        y = module.linear_bf16(x2, tiles.tiles, tiles.out_features, tiles.in_features, linear.bias,
-                               out_float=out_float)
+        y = module.linear_bf16(x2, tiles.tiles, tiles.out_features, tiles.in_features, bias, out_float=out_float)
     return y.view(*x.shape[:-1], tiles.out_features)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
+from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
@@ -149,6 +150,8 @@ def load_model(
         if codes:
             _tie_head(codes, weights.config.tie_word_embeddings)
         attach_dense_tiles(model, codes)
+    # q|k|v and gate|up as one weight each for the serving path (the projections become views of it)
+    fuse_projections(model)
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     return model, weights

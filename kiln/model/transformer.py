@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
-from kiln.model.decode_stack import build_decode_stack
-from kiln.model.dense_tiles import dense_linear
+from kiln.model.decode_stack import FusedProjection, build_decode_stack, clear_fused
+from kiln.model.dense_tiles import dense_linear, tiles_linear
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import KERNEL_DTYPES, BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.lora import MODULES as LORA_MODULES
@@ -95,6 +95,27 @@ def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, na
     return y if lora is None else lora.apply(y, x, layer, name)
 
 
+def project_fused(fused: FusedProjection | None, x: Tensor, lora: LoraDelta | None, layer: int,
+                  names: tuple[str, ...]) -> list[Tensor] | None:
+    """The serving path's projections of one input (q|k|v, gate|up) in one call of their fused weight
+    (kiln/model/decode_stack.py): the input quantized or widened once, not once per projection, and
+    the same values as `project` per part. None where the kernels do not run: `project` then serves."""
+    module = cpu_kernels(x) if fused is not None else None
+    if module is None or fused is None:
+        return None
+    w = fused.weight
+    if isinstance(w, PackedWeight):
+        y = quant_linear(x, w, fused.bias)
+    elif x.dtype == torch.bfloat16:
+        y = tiles_linear(module, x, w, fused.bias)
+    else:
+        return None
+    parts = list(y.split(fused.sizes, dim=-1))
+    if lora is not None:
+        parts = [lora.apply(part, x, layer, name) for part, name in zip(parts, names, strict=True)]
+    return parts
+
+
 def _stack_takes(lora: LoraDelta | None) -> bool:
     """The stack adds adapters' deltas itself only for a serving bank the BGMV kernel reads."""
     return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in KERNEL_DTYPES
@@ -122,6 +143,8 @@ class Attention(nn.Module):
         self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias, **factory)
         self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias, **factory)
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False, **factory)
+        # q|k|v as one weight for the serving path (kiln/model/decode_stack.py's fuse_projections)
+        self.fused_qkv: FusedProjection | None = None
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, **factory)
@@ -132,9 +155,14 @@ class Attention(nn.Module):
         """x `[..., hidden]` -> q `[..., H, D]`, k and v `[..., Hkv, D]`; rotary applied unless cos is None."""
         lead = x.shape[:-1]
         li = self.layer_idx
-        q = project(self.q_proj, x, lora, li, "q_proj", packed_ok).view(*lead, self.num_heads, self.head_dim)
-        k = project(self.k_proj, x, lora, li, "k_proj", packed_ok).view(*lead, self.num_kv_heads, self.head_dim)
-        v = project(self.v_proj, x, lora, li, "v_proj", packed_ok).view(*lead, self.num_kv_heads, self.head_dim)
+        parts = project_fused(self.fused_qkv, x, lora, li, ("q_proj", "k_proj", "v_proj")) if packed_ok else None
+        if parts is None:
+            parts = [project(self.q_proj, x, lora, li, "q_proj", packed_ok),
+                     project(self.k_proj, x, lora, li, "k_proj", packed_ok),
+                     project(self.v_proj, x, lora, li, "v_proj", packed_ok)]
+        q = parts[0].view(*lead, self.num_heads, self.head_dim)
+        k = parts[1].view(*lead, self.num_kv_heads, self.head_dim)
+        v = parts[2].view(*lead, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -247,11 +275,15 @@ class MLP(nn.Module):
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **factory)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
+        self.fused_gate_up: FusedProjection | None = None
 
     def forward(self, x: Tensor, lora: LoraDelta | None = None, packed_ok: bool = False) -> Tensor:
         li = self.layer_idx
-        gate = project(self.gate_proj, x, lora, li, "gate_proj", packed_ok)
-        up = project(self.up_proj, x, lora, li, "up_proj", packed_ok)
+        parts = project_fused(self.fused_gate_up, x, lora, li, ("gate_proj", "up_proj")) if packed_ok else None
+        if parts is None:
+            parts = [project(self.gate_proj, x, lora, li, "gate_proj", packed_ok),
+                     project(self.up_proj, x, lora, li, "up_proj", packed_ok)]
+        gate, up = parts
         return project(self.down_proj, silu_mul(gate, up, packed_ok), lora, li, "down_proj", packed_ok)
 
 
@@ -475,4 +507,5 @@ class Transformer(nn.Module):
             if tuple(module.weight.shape) != (pw.out_features, pw.in_features):
                 raise ValueError(f"{name}: packed shape does not match the model")
             module.packed = pw.to(self.device)
+        clear_fused(self)  # the fused twins were the old weights' storage
         self._decode_stack = None  # rebuilt over the new weights on the next decode step

@@ -8,6 +8,7 @@ import torch
 
 from kiln.model import kernels
 from kiln.model import transformer as transformer_module
+from kiln.model.decode_stack import clear_fused
 from kiln.model.kv_cache import KVCache, build_attention_metadata
 from kiln.model.loader import load_model
 from kiln.model.lora import MODULES, LoraBank, build_lora_step, module_shapes
@@ -118,6 +119,47 @@ def test_fused_projections_share_the_layers_storage(tmp_path, monkeypatch):
     attn = model.model.layers[0].self_attn
     q, k, v = (p.packed.qs for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     assert k.data_ptr() == q.data_ptr() + q.nbytes and v.data_ptr() == k.data_ptr() + k.nbytes
+
+
+def _separate(model: Transformer) -> Transformer:
+    clear_fused(model)
+    return model
+
+
+@pytest.mark.parametrize("kind,quantization,dtype", [("llama", "q4_1", "bfloat16"), ("qwen2", "q4_1", "float32"),
+                                                     ("qwen2", "q8_0", "bfloat16"), ("llama", "none", "bfloat16")])
+def test_the_layer_paths_fused_projections_equal_the_separate_ones(each_isa, tmp_path, monkeypatch, kind, quantization,
+                                                                    dtype):
+    # qwen2 has q/k/v biases; "none" is the dense kernel's bfloat16 tiles
+    model = _packed(tmp_path, kind, quantization=quantization, dtype=dtype)
+    attn = model.model.layers[0].self_attn
+    if quantization == "none" and not hasattr(attn.q_proj, "dense_tiles"):
+        pytest.skip("the dense kernel does not serve bfloat16 here")
+    assert attn.fused_qkv is not None and model.model.layers[0].mlp.fused_gate_up is not None
+    served = []
+    real = transformer_module.project_fused
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        served.append(out is not None)
+        return out
+
+    monkeypatch.setattr(transformer_module, "project_fused", spy)
+    fused, fused_cache = _decode_run(model, False, monkeypatch)
+    assert served and all(served), "every layer should have run its fused projections"
+    separate, separate_cache = _decode_run(_separate(model), False, monkeypatch)
+    assert attn.fused_qkv is None
+    assert all(torch.equal(a, b) for a, b in zip(fused, separate, strict=True))
+    assert torch.equal(fused_cache.storage, separate_cache.storage)
+
+
+def test_fused_projections_add_each_projections_adapter_delta(each_isa, tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama")
+    _install_adapters(model, ("q_proj", "v_proj", "up_proj"))
+    slots = [1, 0, 2]
+    fused, _ = _decode_run(model, False, monkeypatch, slots)
+    separate, _ = _decode_run(_separate(model), False, monkeypatch, slots)
+    assert all(torch.equal(a, b) for a, b in zip(fused, separate, strict=True))
 
 
 def test_models_the_stack_cannot_run_keep_the_layer_path(tmp_path, monkeypatch):
