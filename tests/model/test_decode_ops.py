@@ -15,14 +15,14 @@ pytestmark = pytest.mark.skipif(kernels.load() is None, reason=f"kernels unavail
 
 
 @pytest.mark.parametrize("n", [576, 37, 1])
-def test_rms_norm_matches_torch_in_float32(n):
+def test_rms_norm_matches_torch_in_float32(each_isa, n):
     g = torch.Generator().manual_seed(n)
     x, w = torch.randn(5, n, generator=g), torch.randn(n, generator=g)
     got = kernels.load().rms_norm(x, w, 1e-5)
     assert torch.allclose(got, F.rms_norm(x, (n,), w, 1e-5), rtol=1e-5, atol=1e-6)
 
 
-def test_rms_norm_rounds_bfloat16_like_torch_within_one_ulp():
+def test_rms_norm_rounds_bfloat16_like_torch_within_one_ulp(each_isa):
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(4, 576, generator=g).bfloat16(), torch.randn(576, generator=g).bfloat16()
     got, ref = kernels.load().rms_norm(x, w, 1e-6), F.rms_norm(x, (576,), w, 1e-6)
@@ -31,11 +31,31 @@ def test_rms_norm_rounds_bfloat16_like_torch_within_one_ulp():
     assert torch.allclose(got.float(), ref.float(), rtol=2 ** -7, atol=0)
 
 
-def test_rms_norm_reads_strided_rows():
+def test_rms_norm_reads_strided_rows(each_isa):
     x = torch.randn(3, 64)
     w = torch.randn(32)
     view = x[:, :32]   # row stride 64
     assert torch.allclose(kernels.load().rms_norm(view, w, 1e-5), F.rms_norm(view, (32,), w, 1e-5), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [576, 100, 37, 16, 8, 1])
+def test_rms_norm_has_the_same_bits_on_every_isa(dtype, n):
+    # the vector path sums squares in the scalar path's 16 partial sums and tree
+    g = torch.Generator().manual_seed(n)
+    x, w = (torch.randn(7, n, generator=g) * 3).to(dtype), torch.randn(n, generator=g).to(dtype)
+    outs = []
+    for isa in kernels.cpu_isas():
+        with kernels.using_isa(isa):
+            outs.append(kernels.load().rms_norm(x, w, 1e-5))
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+def test_a_rows_norm_does_not_depend_on_its_batch(each_isa):
+    x, w = torch.randn(64, 576).bfloat16(), torch.randn(576).bfloat16()
+    module = kernels.load()
+    batched = module.rms_norm(x, w, 1e-5)
+    assert torch.equal(torch.cat([module.rms_norm(x[i:i + 1], w, 1e-5) for i in range(64)]), batched)
 
 
 def _reference(q, k_cache, v_cache, slots, lens):

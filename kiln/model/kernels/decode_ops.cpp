@@ -42,17 +42,30 @@ inline float to_float(T v) {
   return static_cast<float>(v);
 }
 
+// The sum of squares of a row as 16 partial sums (element i into sum i % 16), combined by a fixed
+// tree: the vector path below computes exactly these operations, so both give the same bits; one
+// serial chain of n adds cost a decode step more than the rest of the norm.
+constexpr int kNormLanes = 16;
+
+template <typename T>
+float sum_squares_scalar(const T* x, int64_t n) {
+  float acc[kNormLanes] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = to_float(x[i]);
+    acc[i % kNormLanes] += v * v;
+  }
+  float s8[8], s4[4];
+  for (int j = 0; j < 8; ++j) s8[j] = acc[j] + acc[j + 8];
+  for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
 template <typename T>
 void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t n, int64_t x_stride, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * x_stride;
     T* yr = y + r * n;
-    float ss = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = to_float(xr[i]);
-      ss += v * v;
-    }
-    const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+    const float inv = 1.f / std::sqrt(sum_squares_scalar(xr, n) / static_cast<float>(n) + eps);
     for (int64_t i = 0; i < n; ++i) {
       const T normed = static_cast<T>(to_float(xr[i]) * inv);   // F.rms_norm: type_as(input) first
       yr[i] = static_cast<T>(to_float(normed) * to_float(w[i]));
@@ -931,6 +944,71 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, co
 }
 
 
+#ifdef KILN_ATTN_X86
+// rms_norm_rows on AVX2 with the same operations (and so the same bits) as the scalar code above.
+KILN_ATTN_AVX2 inline __m256 norm_load8(const float* p) { return _mm256_loadu_ps(p); }
+KILN_ATTN_AVX2 inline __m256 norm_load8(const c10::BFloat16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+// float32 -> bfloat16 (nearest even, NaN -> 0x7FC0, as c10::BFloat16) kept as float32 in the lane
+KILN_ATTN_AVX2 inline __m256 norm_round_bf16(__m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan));
+}
+KILN_ATTN_AVX2 inline void norm_store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+KILN_ATTN_AVX2 inline void norm_store8(c10::BFloat16* p, __m256 v) {
+  const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(v), 16);   // already rounded
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+}
+
+template <typename T>
+KILN_ATTN_AVX2 inline __m256 norm_round(__m256 v) {
+  if constexpr (std::is_same<T, c10::BFloat16>::value) return norm_round_bf16(v);
+  return v;
+}
+
+template <typename T>
+KILN_ATTN_AVX2 void rms_norm_rows_avx2(const T* x, const T* w, T* y, int64_t rows, int64_t n, int64_t x_stride,
+                                       float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * x_stride;
+    T* yr = y + r * n;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256 v0 = norm_load8(xr + i), v1 = norm_load8(xr + i + 8);
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(v0, v0));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(v1, v1));
+    }
+    if (i < n) {   // the tail through the same lanes, zeros past n (adding +0 changes no sum)
+      alignas(32) float t[16] = {};
+      for (int64_t j = i; j < n; ++j) t[j - i] = to_float(xr[j]);
+      const __m256 v0 = _mm256_load_ps(t), v1 = _mm256_load_ps(t + 8);
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(v0, v0));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(v1, v1));
+    }
+    const __m256 s8 = _mm256_add_ps(a0, a1);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));   // (s4[0] + s4[2], s4[1] + s4[3])
+    const float ss = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+    const __m256 iv = _mm256_set1_ps(inv);
+    i = 0;
+    for (; i + 8 <= n; i += 8)
+      norm_store8(yr + i, norm_round<T>(_mm256_mul_ps(norm_round<T>(_mm256_mul_ps(norm_load8(xr + i), iv)), norm_load8(w + i))));
+    for (; i < n; ++i) {
+      const T normed = static_cast<T>(to_float(xr[i]) * inv);
+      yr[i] = static_cast<T>(to_float(normed) * to_float(w[i]));
+    }
+  }
+}
+#endif
+
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 1 && x.size(1) == w.size(0) && x.stride(1) == 1 && w.is_contiguous(),
                     "kiln rms_norm: x [T, n] with contiguous rows, w [n]");
@@ -942,14 +1020,22 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
   TORCH_CHECK_VALUE(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
                     "kiln rms_norm: float32 or bfloat16 only");
   const int64_t per = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, n)), xs = x.stride(0);
+#ifdef KILN_ATTN_X86
+  const int64_t isa = kiln::active_isa();
+#endif
   kiln::parallel_tasks((rows + per - 1) / per, [&](int64_t c) {
     const int64_t r0 = c * per, m = std::min(per, rows - r0);
+    auto rows_of = [&](auto* xp, auto* wp, auto* yp) {
+      using T = std::remove_pointer_t<decltype(yp)>;
+#ifdef KILN_ATTN_X86
+      if (isa >= kiln::ISA_AVX2) return rms_norm_rows_avx2<T>(xp + r0 * xs, wp, yp + r0 * n, m, n, xs, e);
+#endif
+      rms_norm_rows<T>(xp + r0 * xs, wp, yp + r0 * n, m, n, xs, e);
+    };
     if (x.scalar_type() == torch::kFloat32) {
-      rms_norm_rows<float>(x.data_ptr<float>() + r0 * xs, w.data_ptr<float>(), y.data_ptr<float>() + r0 * n, m, n,
-                           xs, e);
+      rows_of(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>());
     } else {
-      rms_norm_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>() + r0 * xs, w.data_ptr<c10::BFloat16>(),
-                                   y.data_ptr<c10::BFloat16>() + r0 * n, m, n, xs, e);
+      rows_of(x.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>());
     }
   });
   return y;
