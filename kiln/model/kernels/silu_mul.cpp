@@ -11,7 +11,7 @@
 // row's stride or the ISA: Cephes' expf polynomial with explicit fmas (the scalar path calls
 // std::fma, which rounds once as vfmadd does; the build has -ffp-contract=off), an exact division,
 // and round-to-nearest-even to bfloat16 as c10::BFloat16 rounds. The vector paths run a row's tail
-// through the same vector code on a padded copy.
+// through the same vector code: on a zero-padded copy (AVX2) or in masked lanes (AVX-512).
 
 #include "silu_mul.h"
 
