@@ -100,8 +100,10 @@ def project_fused(fused: FusedProjection | None, x: Tensor, lora: LoraDelta | No
     """The serving path's projections of one input (q|k|v, gate|up) in one call of their fused weight
     (kiln/model/decode_stack.py): the input quantized or widened once, not once per projection, and
     the same values as `project` per part. None where the kernels do not run: `project` then serves."""
-    module = cpu_kernels(x) if fused is not None else None
-    if module is None or fused is None:
+    if fused is None:
+        return None
+    module = cpu_kernels(x)
+    if module is None:
         return None
     w = fused.weight
     if isinstance(w, PackedWeight):

@@ -36,7 +36,7 @@ SOURCES = [SOURCE, *(Path(__file__).with_name(f)
                                "qlinear_float.cpp", "silu_mul.cpp"))]
 HEADERS = [Path(__file__).with_name(f)
            for f in ("isa.h", "qlinear.h", "lora_bgmv.h", "decode_ops.h", "decode_stack.h", "dense_bf16.h",
-                     "qlinear_float.h", "silu_mul.h")]
+                     "qlinear_float.h", "silu_mul.h", "bf16_simd.h")]
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 # -fopenmp: at::parallel_for is header code that runs serially unless the extension itself has OpenMP
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17", "-fopenmp"]

@@ -19,6 +19,7 @@
 
 #include "decode_ops.h"
 
+#include "bf16_simd.h"
 #include "isa.h"
 #include "qlinear.h"
 
@@ -373,22 +374,14 @@ KILN_ATTN_AVX512 void pv_fma(const float* s, int64_t hb, int nv_rt, const T* v_c
 KILN_ATTN_AVX512 inline void store_row(float* p, int nv, const __m512* o, __m512 inv) {
   for (int v = 0; v < nv; ++v) _mm512_storeu_ps(p + 16 * v, _mm512_mul_ps(o[v], inv));
 }
-// c10's float -> bfloat16 rounding (nearest even, NaN -> 0x7FC0), in the low half of each lane
-KILN_ATTN_AVX512 inline __m512i bf16_bits(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-}
 KILN_ATTN_AVX512 inline void store_row(c10::BFloat16* p, int nv, const __m512* o, __m512 inv) {
   int v = 0;
   for (; v + 2 <= nv; v += 2) {   // an (even, odd) pair interleaves back into 32 values in order
-    const __m512i even = bf16_bits(_mm512_mul_ps(o[v], inv)), odd = bf16_bits(_mm512_mul_ps(o[v + 1], inv));
+    const __m512i even = kiln::bf16_bits16(_mm512_mul_ps(o[v], inv)), odd = kiln::bf16_bits16(_mm512_mul_ps(o[v + 1], inv));
     _mm512_storeu_si512(p + 16 * v, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
   }
   if (v < nv) {
-    const __m256i last = _mm512_cvtepi32_epi16(bf16_bits(_mm512_mul_ps(o[v], inv)));
+    const __m256i last = _mm512_cvtepi32_epi16(kiln::bf16_bits16(_mm512_mul_ps(o[v], inv)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * v), last);
   }
 }
@@ -947,28 +940,15 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, const torch::Tensor& v, co
 #ifdef KILN_ATTN_X86
 // rms_norm_rows on AVX2 with the same operations (and so the same bits) as the scalar code above.
 KILN_ATTN_AVX2 inline __m256 norm_load8(const float* p) { return _mm256_loadu_ps(p); }
-KILN_ATTN_AVX2 inline __m256 norm_load8(const c10::BFloat16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-// float32 -> bfloat16 (nearest even, NaN -> 0x7FC0, as c10::BFloat16) kept as float32 in the lane
-KILN_ATTN_AVX2 inline __m256 norm_round_bf16(__m256 v) {
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan));
-}
+KILN_ATTN_AVX2 inline __m256 norm_load8(const c10::BFloat16* p) { return kiln::bf16x8_to_float(p); }
 KILN_ATTN_AVX2 inline void norm_store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-KILN_ATTN_AVX2 inline void norm_store8(c10::BFloat16* p, __m256 v) {
-  const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(v), 16);   // already rounded
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+KILN_ATTN_AVX2 inline void norm_store8(c10::BFloat16* p, __m256 v) {   // v already rounded to bfloat16
+  kiln::store_bf16_bits8(p, _mm256_srli_epi32(_mm256_castps_si256(v), 16));
 }
 
 template <typename T>
 KILN_ATTN_AVX2 inline __m256 norm_round(__m256 v) {
-  if constexpr (std::is_same<T, c10::BFloat16>::value) return norm_round_bf16(v);
+  if constexpr (std::is_same<T, c10::BFloat16>::value) return kiln::round_to_bf16x8(v);
   return v;
 }
 

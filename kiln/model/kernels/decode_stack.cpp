@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <vector>
 
-
 namespace kiln {
 namespace {
 

@@ -16,6 +16,7 @@
 
 #include "lora_bgmv.h"
 
+#include "bf16_simd.h"
 #include "isa.h"
 #include "qlinear.h"
 
@@ -307,17 +308,9 @@ KILN_LORA_AVX2 void bf16_to_f32_avx2(const uint16_t* src, float* dst, int64_t n)
 
 KILN_LORA_AVX2 void add_to_bf16_avx2(uint16_t* out, const float* d, int64_t n) {
   int64_t i = 0;
-  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7FFF), qnan = _mm256_set1_epi32(0x7FC0);
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_add_ps(load8(out + i), _mm256_loadu_ps(d + i));
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
-    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan),
-                                             _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-    // 8 lanes of 16 bits: pack within each 128-bit half, then put the halves' low quads together
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+    kiln::store_bf16_bits8(out + i, kiln::bf16_bits8(v));
   }
   auto* o = reinterpret_cast<c10::BFloat16*>(out);
   for (; i < n; ++i) o[i] = static_cast<c10::BFloat16>(static_cast<float>(o[i]) + d[i]);

@@ -15,6 +15,7 @@
 
 #include "silu_mul.h"
 
+#include "bf16_simd.h"
 #include "isa.h"
 #include "qlinear.h"
 
@@ -105,31 +106,16 @@ KILN_SILU_AVX2 inline __m256 silu8(__m256 g) {
   return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
 }
 
-// float32 -> bfloat16 bits (round to nearest even, NaN -> 0x7FC0) in the low half of each lane
-KILN_SILU_AVX2 inline __m256i round_bf16_8(__m256 x) {
-  const __m256i b = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
-}
-KILN_SILU_AVX2 inline __m256 widen_bf16_8(__m256i bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)); }
-
 KILN_SILU_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-KILN_SILU_AVX2 inline __m256 load8(const c10::BFloat16* p) {
-  return widen_bf16_8(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
+KILN_SILU_AVX2 inline __m256 load8(const c10::BFloat16* p) { return kiln::bf16x8_to_float(p); }
 
 template <typename T>
 KILN_SILU_AVX2 inline void block8(const T* g, const T* u, T* o) {
   if constexpr (std::is_same<T, float>::value) {
     _mm256_storeu_ps(o, _mm256_mul_ps(silu8(load8(g)), load8(u)));
   } else {
-    const __m256 s = widen_bf16_8(round_bf16_8(silu8(load8(g))));
-    const __m256i bits = round_bf16_8(_mm256_mul_ps(s, load8(u)));
-    // 8 x 32-bit lanes of 16-bit values -> 8 x 16-bit
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(o), packed);
+    const __m256 s = kiln::round_to_bf16x8(silu8(load8(g)));
+    kiln::store_bf16_bits8(o, kiln::bf16_bits8(_mm256_mul_ps(s, load8(u))));
   }
 }
 
@@ -165,13 +151,6 @@ KILN_SILU_AVX512 inline __m512 silu16(__m512 g) {
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
 
-KILN_SILU_AVX512 inline __m512i round_bf16_16(__m512 x) {
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-}
 KILN_SILU_AVX512 inline __m512 widen_bf16_16(__m512i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)); }
 
 KILN_SILU_AVX512 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -185,8 +164,8 @@ KILN_SILU_AVX512 inline void block16(const T* g, const T* u, T* o, __mmask16 m) 
   if constexpr (std::is_same<T, float>::value) {
     _mm512_mask_storeu_ps(o, m, _mm512_mul_ps(silu16(load16(g, m)), load16(u, m)));
   } else {
-    const __m512 s = widen_bf16_16(round_bf16_16(silu16(load16(g, m))));
-    const __m512i bits = round_bf16_16(_mm512_mul_ps(s, load16(u, m)));
+    const __m512 s = widen_bf16_16(kiln::bf16_bits16(silu16(load16(g, m))));
+    const __m512i bits = kiln::bf16_bits16(_mm512_mul_ps(s, load16(u, m)));
     _mm256_mask_storeu_epi16(o, m, _mm512_cvtepi32_epi16(bits));
   }
 }
