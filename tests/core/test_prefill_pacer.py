@@ -5,7 +5,13 @@ import pytest
 
 from kiln.core.block_manager import BlockManager
 from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
-from kiln.core.prefill_pacer import AUTO_TARGET_MS, MIN_SAMPLE_PRICE, PrefillPacer, auto_itl_target_ms
+from kiln.core.prefill_pacer import (
+    AUTO_TARGET_MS,
+    DECODE_MULTIPLE,
+    MIN_SAMPLE_PRICE,
+    PrefillPacer,
+    auto_itl_target_ms,
+)
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
@@ -76,13 +82,24 @@ def test_a_mixed_step_before_any_decode_only_step_teaches_nothing():
     assert pacer.prefill_ms(50.0) is None
 
 
-def test_many_decoding_streams_let_prompts_in_at_three_times_their_step():
+def test_many_decoding_streams_let_prompts_in_at_a_multiple_of_their_step():
     pacer = PrefillPacer(120.0)
     for rows in (1, 64):
         pacer.observe(rows, 0.0, 2.0 * rows)
     pacer.observe(0, 100.0, 100.0)
-    assert pacer.price_budget(64) == pytest.approx(256.0)   # a 384 ms step: three times 128 ms
+    assert DECODE_MULTIPLE == 2.5
+    assert pacer.price_budget(64) == pytest.approx(192.0)   # a 320 ms step: 2.5 times 128 ms
     assert pacer.price_budget(1) == pytest.approx(118.0)
+
+
+def test_a_paced_step_stays_under_three_times_its_decodes_alone_above_the_target():
+    # the bench's case: decodes take 28 ms, far below the target's floor times three
+    pacer = PrefillPacer(AUTO_TARGET_MS)
+    pacer.observe(8, 0.0, 28.0)
+    pacer.observe(0, 100.0, 100.0)
+    step_ms = 28.0 + pacer.prefill_ms(pacer.price_budget(8))
+    assert step_ms == pytest.approx(2.5 * 28.0)
+    assert step_ms < 3 * 28.0
 
 
 def test_a_target_must_be_positive():
