@@ -79,6 +79,9 @@ class _StepContext:
     prefill_masks: list[Tensor | None]   # [n*groups, L] bool per chunk, None for a chunk with no prefix
     lora: LoraDelta | None = None   # set only when some token of the step uses an adapter
     kernels: Any = None   # the C++ ops (CPU): decodes then need no mask, their slots and lengths suffice
+    # per chunk, when its attention runs on the kernels: every query's slot row (one row, stride 0)
+    # and context length (causal: query i of n over L positions sees L - n + i + 1)
+    chunk_rows: list[tuple[Tensor, Tensor]] | None = None
 
 
 def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, name: str,
@@ -195,11 +198,14 @@ class Attention(nn.Module):
                                               attn.decode_context_lens, scale))
         elif bd:
             parts.append(self._decode(q[:bd], attn.decode_context_slots, ctx.decode_mask, k_cache, v_cache))
-        # Chunks stay on torch's attention: for many queries over a long prefix its blocked GEMMs beat
-        # the kernel's one-query-at-a-time loop (measured 2x at 64 queries over 1900 positions).
-        for chunk, mask in zip(attn.prefills, ctx.prefill_masks, strict=True):
+        # Chunks run on the kernel where kernels.chunk_attention_on_kernel() says it is the faster
+        # (each query then gets exactly the bits a decode of it would); elsewhere on torch's SDPA.
+        for i, (chunk, mask) in enumerate(zip(attn.prefills, ctx.prefill_masks, strict=True)):
             sl = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            if mask is None:
+            if ctx.chunk_rows is not None:
+                slots, lens = ctx.chunk_rows[i]
+                parts.append(kern.paged_attention(q[sl], k_cache, v_cache, slots, lens, scale))
+            elif mask is None:
                 parts.append(self._prefill_fresh(q[sl], k[sl], v[sl]))
             else:
                 ck = k_cache.index_select(0, chunk.context_slots)
@@ -450,6 +456,13 @@ class Transformer(nn.Module):
             decode_mask = (ar[None, :] < attn.decode_context_lens[:, None]).view(bd, 1, 1, lmax)
         groups = self.config.num_query_groups
         prefill_masks: list[Tensor | None] = []
+        if kern is not None and attn.prefills and kernels.chunk_attention_on_kernel():
+            rows = []
+            for chunk in attn.prefills:
+                n, length = chunk.query_len, chunk.context_len
+                rows.append((chunk.context_slots.view(1, length).expand(n, length),
+                             torch.arange(length - n + 1, length + 1, dtype=torch.int64)))
+            return _StepContext(cos, sin, attn, decode_mask, [None] * len(rows), kernels=kern, chunk_rows=rows)
         for chunk in attn.prefills:
             n, length = chunk.query_len, chunk.context_len
             if n == length:

@@ -216,6 +216,25 @@ def test_a_tokens_attention_does_not_depend_on_its_batch_or_the_thread_count(eac
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_chunks_tokens_share_one_slot_row_and_each_gets_its_decode_bits(each_isa, dtype):
+    g = torch.Generator().manual_seed(4)
+    row, n = _block_slots(1, 700, g)
+    row = row[:, :700]
+    k_cache = torch.randn(n, 3, 64, generator=g).to(dtype)
+    v_cache = torch.randn(n, 3, 64, generator=g).to(dtype)
+    q = torch.randn(40, 9, 64, generator=g).to(dtype)
+    lens = torch.arange(661, 701)          # a 40-token chunk over 660 cached positions: causal
+    op = kernels.load().paged_attention
+    chunk = op(q, k_cache, v_cache, row.expand(40, 700), lens, 0.125)   # one row, stride 0: no copy
+    assert torch.equal(chunk, op(q, k_cache, v_cache, row.expand(40, 700).contiguous(), lens, 0.125))
+    for t in (0, 17, 39):                  # each token alone, as a decode step would read it
+        alone = op(q[t:t + 1], k_cache, v_cache, row[:, :int(lens[t])].contiguous(), lens[t:t + 1], 0.125)
+        assert torch.equal(alone[0], chunk[t]), t
+    # the first 25 tokens as a chunk of their own: a token's bits do not depend on its chunk
+    assert torch.equal(op(q[:25], k_cache, v_cache, row.expand(25, 700), lens[:25], 0.125), chunk[:25])
+
+
 # ---- greedy_pick: the sampler's greedy rows ----
 
 def test_greedy_pick_takes_each_rows_argmax_with_its_log_softmax(each_isa):

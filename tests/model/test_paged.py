@@ -16,12 +16,15 @@ from .conftest import TinyModel
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True, params=["kernels", "torch"])
+@pytest.fixture(autouse=True, params=["kernels", "kernels, chunks on torch", "torch"])
 def serving_ops(request, monkeypatch):
-    """Every paged test runs on the C++ decode ops (norm, paged attention) and on the torch ops."""
-    if request.param == "kernels":
+    """Every paged test runs on the C++ decode ops (norm, paged attention), with prompt chunks on the
+    kernels' attention and on torch's (whichever ISA the CPU runs), and on the torch ops alone."""
+    if request.param.startswith("kernels"):
         if kernels.load() is None:
             pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+        on_kernel = request.param == "kernels"
+        monkeypatch.setattr(kernels, "chunk_attention_on_kernel", lambda: on_kernel)
     else:
         monkeypatch.setattr(transformer_module, "cpu_kernels", lambda x: None)
     return request.param

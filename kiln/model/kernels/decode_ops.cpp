@@ -6,7 +6,11 @@
 //   paged_attention(...)         query tokens against their paged K/V context, read in place through
 //                                the slot table: no gather of the context, no padding mask (each
 //                                token has its own length), softmax in float32. The serving path
-//                                uses it for decode rows (one query per sequence).
+//                                uses it for decode rows (one query per sequence) and, on the AVX512
+//                                path, for prompt chunks too (their tokens share one slot row: a
+//                                row stride of 0). A token's output depends only on its query, its
+//                                length and the K/V rows it reads, so a prompt gives the same bits
+//                                however it is chunked or batched.
 //
 //   rope_and_cache(...)          rotary embedding in place on q and k, then k and v written to their
 //                                cache slots: one call instead of about a dozen small torch ops.
@@ -658,6 +662,7 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t slot_stride = slots.stride(0);   // 0: a prompt chunk's tokens share one slot row
   const int64_t* lp = lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
   const int64_t q_stride = q.stride(0);
@@ -710,7 +715,7 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
       return;
     }
     const int64_t l0 = split_begin(len, splits, sidx), n = split_begin(len, splits, sidx + 1) - l0;
-    const int64_t* slot = sp + t * lmax + l0;
+    const int64_t* slot = sp + t * slot_stride + l0;
     thread_local std::vector<float> own;
     if (splits == 1) own.resize(static_cast<size_t>(size));
     for (int64_t hk = hk0; hk < hk0 + per_task; ++hk) {
@@ -1048,9 +1053,10 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
                     "kiln paged_attention: shape mismatch");
   TORCH_CHECK_VALUE(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
                     "kiln paged_attention: q and the caches must share a dtype");
-  TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && slots.is_contiguous() &&
-                        lens.is_contiguous() && q.stride(2) == 1 && q.stride(1) == q.size(2),
-                    "kiln paged_attention: contiguous caches, slots and per-token query rows");
+  TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && lens.is_contiguous() &&
+                        (slots.size(1) <= 1 || slots.stride(1) == 1) && slots.stride(0) >= 0 &&
+                        q.stride(2) == 1 && q.stride(1) == q.size(2),
+                    "kiln paged_attention: contiguous caches, slot rows and per-token query rows");
   TORCH_CHECK_VALUE(slots.scalar_type() == torch::kInt64 && lens.scalar_type() == torch::kInt64,
                     "kiln paged_attention: int64 slots and lens");
   auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
