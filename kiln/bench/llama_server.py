@@ -3,7 +3,8 @@ same GGUF, driven over HTTP exactly like Kiln's server.
 
 The binary comes from `--llama-server PATH` (or `$KILN_LLAMA_SERVER`), else `llama-server` on PATH,
 else the cache of the build script (`~/.cache/kiln-llama-server/.../build-<isa>/bin/llama-server`; for
-the machine's own ISA an `ISA=avx512` build is taken before the native one),
+the machine's own ISA an `ISA=avx512` build is taken before the native one on an AVX-512 CPU, and an
+`ISA=avx2` build after it on a CPU whose best is AVX2),
 else the build script itself when one is named (`--build-llama-server SCRIPT` or
 `$KILN_BUILD_LLAMA_SERVER`, run as `ISA=native|avx2 SCRIPT`, printing the binary's path last). The
 AVX2 build has its own flag and variable (`--llama-server-avx2`, `$KILN_LLAMA_SERVER_AVX2`) and is
@@ -48,8 +49,18 @@ class Located:
     how: str               # where it was found, or why there is none
 
 
-def locate(isa: str, explicit: str | None = None, build_script: str | None = None) -> Located:
-    """The llama-server binary for `isa` ("native": the machine's own ISA, or "avx2")."""
+def native_builds(best: str) -> tuple[str, ...]:
+    """The cached builds that serve as the machine's own ISA, best first, for a CPU whose widest ISA
+    Kiln's kernels run is `best`. On AVX-512 an explicit ISA=avx512 build (no AMX) comes first: the
+    -march=native build died with SIGSEGV at startup on an Intel Xeon with AMX. On an AVX2-only CPU
+    the ISA=avx2 build is that CPU's own (an avx512 one would not run there)."""
+    return ("avx512", "native") if best == "avx512" else ("native", best)
+
+
+def locate(isa: str, explicit: str | None = None, build_script: str | None = None,
+           best: str = "avx512") -> Located:
+    """The llama-server binary for `isa` ("native": the machine's own ISA, whose widest is `best`; or
+    "avx2")."""
     explicit = explicit or os.environ.get(ENV[isa])
     if explicit:
         if Path(explicit).is_file() and os.access(explicit, os.X_OK):
@@ -58,9 +69,7 @@ def locate(isa: str, explicit: str | None = None, build_script: str | None = Non
     on_path = shutil.which(BINARY) if isa == "native" else None
     if on_path:
         return Located(on_path, "on PATH")
-    # for the machine's own ISA, an explicit AVX-512 build (ISA=avx512, no AMX) first: the -march=native
-    # build died with SIGSEGV at startup on an Intel Xeon with AMX
-    for build in (("avx512", "native") if isa == "native" else (isa,)):
+    for build in (native_builds(best) if isa == "native" else (isa,)):
         cached = cached_binary(build)
         if cached is not None:
             return Located(str(cached), f"built earlier by the build script (cache, ISA={build})")

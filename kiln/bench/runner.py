@@ -50,7 +50,7 @@ def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: lis
             result.unavailable[ref] = "the model is not a .gguf file"
         else:
             found = llama_server.locate(isa, options.llama_server if isa == "native" else options.llama_server_avx2,
-                                        options.build_llama_server)
+                                        options.build_llama_server, best=cpu_isas[-1])
             if found.path is None:
                 result.unavailable[ref] = found.how
             else:

@@ -41,3 +41,17 @@ def test_the_avx2_slot_never_takes_the_avx512_build(tmp_path, monkeypatch):
     _binary(tmp_path, "avx512")
     avx2 = _binary(tmp_path, "avx2")
     assert llama_server.locate("avx2").path == str(avx2)
+
+
+def test_on_an_avx2_only_cpu_the_native_slot_takes_the_avx2_build(tmp_path, monkeypatch):
+    _isolated(monkeypatch, tmp_path)
+    avx2 = _binary(tmp_path, "avx2")
+    found = llama_server.locate("native", best="avx2")
+    assert found.path == str(avx2) and "ISA=avx2" in found.how
+
+
+def test_on_an_avx2_only_cpu_the_native_slot_never_takes_an_avx512_build(tmp_path, monkeypatch):
+    _isolated(monkeypatch, tmp_path)
+    _binary(tmp_path, "avx512")
+    native = _binary(tmp_path, "native")
+    assert llama_server.locate("native", best="avx2").path == str(native)
