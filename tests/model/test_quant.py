@@ -436,3 +436,17 @@ def test_gguf_inputs_may_be_numpy_bytes_or_tensors() -> None:
     b = pack_q8_0_from_gguf(bytes(blocks.tobytes()), (16, 64)).dequantize()
     c = pack_q8_0_from_gguf(torch.from_numpy(np.ascontiguousarray(blocks)), (16, 64)).dequantize()
     assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_the_one_row_pass_gives_the_bits_of_the_batched_tiles_on_every_code_path(kind: str) -> None:
+    # a single row (decode of one stream, its LM head) and a batch's last row past a block of 8 take
+    # AVX2's one-row pass over both halves of a tile; rows 0-7 of the batch take the half-tile passes
+    packed = pack(kind, weight(200, 1536))
+    bias = torch.randn(200, generator=torch.Generator().manual_seed(8))
+    x = activations(9, 1536, torch.bfloat16, seed=9)
+    for isa in supported_isas():
+        batched = quant_linear(x, packed, bias, isa=isa)
+        for i in (0, 8):
+            assert torch.equal(quant_linear(x[i:i + 1], packed, bias, isa=isa), batched[i:i + 1]), (isa, i)
