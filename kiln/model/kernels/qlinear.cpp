@@ -55,8 +55,9 @@ constexpr int kRows = 16;      // output rows per tile
 constexpr int kGroup = 32;     // K elements per quantization group
 constexpr int kMaxMB = 8;      // activation rows sharing one pass over a tile's weights
 constexpr int64_t kPrefetchBytes = 4096;  // how far ahead of the group in use its weights are prefetched
-// the AVX2 tile takes about twice as long per byte: its prefetches go further ahead (measured on
-// the whole model's GEMVs at M = 1: 4 KB ahead 5.4 ms a pass, 16 KB 4.5 ms; none 6.5 ms)
+// the AVX2 half-tile passes (blocks of 2+ rows) take about twice as long per byte: their prefetches go
+// further ahead (measured on an Intel Xeon, the whole model's GEMVs when one row took them too: 4 KB
+// ahead 5.4 ms a pass, 16 KB 4.5 ms; none 6.5 ms). A single row has its own pass (tile_avx2_row).
 constexpr int64_t kPrefetchBytesAvx2 = 16384;
 constexpr float kTinyAmax = 1e-30f;  // below this a group quantizes to zero (127/amax would overflow)
 
