@@ -471,9 +471,9 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
 }
 
-// One activation row m (a single stream's decode step and its LM head; a batch's last row): both halves of the tile
-// in one pass over its weights, each 64-byte line read once, with two independent accumulator chains,
-// and prefetched kPrefetchBytes ahead. The per-row operations of half_tile_avx2, so the same bits.
+// One activation row m (a single stream's decode step and its LM head; a batch's last row): both
+// halves of the tile in one pass over its weights, each 64-byte line read once, with two independent
+// accumulator chains, and prefetched kPrefetchBytes ahead. The per-row operations of half_tile_avx2, so the same bits.
 // Measured on a 2-core AMD EPYC (Zen 2, AVX2 only), the whole model's one-row GEMVs, against two
 // half-tile passes with 16 KB prefetches: layers 4.6-5.3 -> 3.8-4.0 ms, the q8_0 head 2.0-2.1 ->
 // 1.4-1.6 ms. Two or four tiles side by side (more streams in flight) and prefetches 8 KB or more
