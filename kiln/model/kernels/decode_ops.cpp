@@ -467,6 +467,8 @@ void split_vector(const T* qh, float sc, const T* k_cache, const T* v_cache, con
 // The query heads of a KV head (a GQA group) share every widened K and V row, up to 3 heads per
 // pass: widening each row once per head instead cost a sixth of a 32-row AVX2 attention call.
 #define KILN_ATTN_AVX2 __attribute__((target("avx2,fma")))
+// the most splits combine_avx2 takes (a longer context, past 32 K positions, combines in scalar code)
+constexpr int64_t kMaxSplitsAvx2 = 64;
 
 // the 8-lane pieces of 16 values of a row: (even, odd) elements for bf16, (first 8, last 8) for float
 KILN_ATTN_AVX2 inline void chunk16(const c10::BFloat16* p, __m256& a, __m256& b) {
@@ -478,14 +480,6 @@ KILN_ATTN_AVX2 inline void chunk16(const float* p, __m256& a, __m256& b) {
   a = _mm256_loadu_ps(p);
   b = _mm256_loadu_ps(p + 8);
 }
-// Where element i of a row lands among chunk16's pieces (16 * chunk + 8 * piece + lane).
-template <typename T>
-inline int64_t layout16(int64_t i) {
-  if (std::is_same<T, float>::value) return i;
-  const int64_t c = i / 16, r = i % 16;
-  return 16 * c + 8 * (r & 1) + (r >> 1);
-}
-
 // Lane j of the result = the sum of the 8 lanes of a[j].
 KILN_ATTN_AVX2 inline __m256 reduce8(const __m256* a) {
   const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
@@ -518,7 +512,7 @@ KILN_ATTN_AVX2 inline __m256 lanes_below8(int64_t m) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(m, 8))), idx));
 }
 
-// Scores of the 8 positions of a block for GB query heads (q: their rows in layout16 order, already
+// Scores of the 8 positions of a block for GB query heads (q: their rows in chunk16's order, already
 // scaled), into s[g * ss + b]. Each K row widens once for all GB heads (a GQA group reads one K head):
 // positions go 4 at a time, so 4 * GB accumulators (at most 12) stay in registers; every score is
 // still one chain over the chunks in order and one reduce8, so the bits do not depend on GB.
@@ -550,7 +544,7 @@ KILN_ATTN_AVX2 void qk_block_avx2(const float* q, int64_t d, const T* const* row
 
 // Outputs of GB heads over V (their probabilities p in s[g * ss + l]) for CN 16-value chunks of a head
 // from c0 (2 * CN accumulators per head): each V row widens once for the GB heads. out[g * d + 16c +
-// lane] in layout16 order; every accumulator is one chain over the positions in order.
+// lane] in chunk16's order; every accumulator is one chain over the positions in order.
 template <typename T, int GB, int CN>
 KILN_ATTN_AVX2 void pv_chunks_avx2(const float* s, int64_t ss, const T* v_cache, const int64_t* slot, int64_t n,
                                    int64_t hk, int64_t hkv, int64_t d, int64_t c0, float* out) {
@@ -592,8 +586,14 @@ KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T*
   sbuf.resize(static_cast<size_t>(groups * (kSplitMax + 8)));
   obuf.resize(static_cast<size_t>(groups * d));
   float* q = qbuf.data();
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t i = 0; i < d; ++i) q[g * d + layout16<T>(i)] = static_cast<float>(qh[g * d + i]) * sc;
+  // the query in chunk16's order, as the K rows come
+  const __m256 scv = _mm256_set1_ps(sc);
+  for (int64_t i = 0; i < groups * d; i += 16) {
+    __m256 a, b;
+    chunk16(qh + i, a, b);
+    _mm256_storeu_ps(q + i, _mm256_mul_ps(a, scv));
+    _mm256_storeu_ps(q + i + 8, _mm256_mul_ps(b, scv));
+  }
   const int64_t ss = kSplitMax + 8;
   // scores, 8 positions at a time (rows past n repeat the last one; their lanes are masked), for up
   // to 3 heads per pass over the block's K rows
@@ -642,9 +642,45 @@ KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T*
       default: pv_avx2<T, 3>(sg, ss, v_cache, slot, n, hk, hkv, d, o + g0 * d); break;
     }
   }
+  float* out = rec + 2 * groups;
+  for (int64_t i = 0; i < groups * d; i += 16) {
+    const __m256 a = _mm256_loadu_ps(o + i), b = _mm256_loadu_ps(o + i + 8);
+    if (std::is_same<T, float>::value) {
+      _mm256_storeu_ps(out + i, a);
+      _mm256_storeu_ps(out + i + 8, b);
+    } else {   // (even, odd) pieces interleave back into 16 values in order
+      const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+      _mm256_storeu_ps(out + i, _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_storeu_ps(out + i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+  }
+}
+
+// combine_splits on AVX2 with its very operations (a product, then a sum; the scalar cast's rounding),
+// so the same bits: for records in natural order, d a multiple of 16.
+KILN_ATTN_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+KILN_ATTN_AVX2 inline void store8(c10::BFloat16* p, __m256 v) { kiln::store_bf16_bits8(p, kiln::bf16_bits8(v)); }
+
+template <typename T>
+KILN_ATTN_AVX2 void combine_avx2(const float* recs, int64_t splits, int64_t groups, int64_t d, T* out) {
+  const int64_t size = record_size(groups, d);
   for (int64_t g = 0; g < groups; ++g) {
-    float* out = rec + 2 * groups + g * d;
-    for (int64_t i = 0; i < d; ++i) out[i] = o[g * d + layout16<T>(i)];
+    float mx = -INFINITY;
+    for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, recs[s * size + g]);
+    float sum = 0.f;
+    float w[kMaxSplitsAvx2];
+    for (int64_t s = 0; s < splits; ++s) {
+      const float* r = recs + s * size;
+      w[s] = std::exp(r[g] - mx);
+      sum += w[s] * r[groups + g];
+    }
+    const __m256 inv = _mm256_set1_ps(1.f / sum);
+    for (int64_t i = 0; i < d; i += 8) {
+      __m256 o = _mm256_setzero_ps();
+      for (int64_t s = 0; s < splits; ++s)
+        o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_set1_ps(w[s]), _mm256_loadu_ps(recs + s * size + 2 * groups + g * d + i)));
+      store8(out + g * d + i, _mm256_mul_ps(o, inv));
+    }
   }
 }
 #endif
@@ -699,6 +735,7 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache, 
   const auto finish = [&](const float* first, int64_t splits, T* oh) {
 #ifdef KILN_ATTN_X86
     if (vec) return combine_avx512<T>(first, splits, groups, d, oh);
+    if (avx2 && splits <= kMaxSplitsAvx2) return combine_avx2<T>(first, splits, groups, d, oh);
 #endif
     combine_splits<T>(first, splits, groups, d, oh);
   };
