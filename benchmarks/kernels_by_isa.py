@@ -13,6 +13,10 @@ noise. The last column is each ISA's time relative to the fastest.
 
 from __future__ import annotations
 
+# kiln before torch: the process settings kiln/__init__.py makes (as the server has them)
+import kiln  # noqa: F401
+
+# isort: split
 import argparse
 import statistics
 import time
