@@ -471,6 +471,105 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
 }
 
+// q4_1 with 4 to 8 activation rows: the integer sums of a group for all 16 rows of the tile, up to
+// kQuad activation rows at a time, so each activation broadcast serves both halves of the tile (the
+// half-tile passes made every broadcast twice). The nibbles of the tile's 8 columns of 4 K elements
+// are unpacked per column pair from two loads (keeping the bytes live would spill the accumulators
+// to the stack). The same integers go through half_tile_avx2's float operations in the same order, so
+// the same bits. Measured on a 2-core Zen 2 EPYC, the embedded model's q4_1 layers (2 threads): 8
+// rows 10.0 -> 9.2 ms, 64 rows 63.4 -> 58.4 ms (116 GMAC/s). In a standalone probe of the tiles 2
+// rows at a time ran 1% slower than 3, and 4 spilled the accumulators to the stack (6% slower).
+constexpr int kQuad = 3;
+
+template <int Q>
+KILN_AVX2 inline void group_sums_q4_1_rows(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g,
+                                           __m256i (*sums)[2]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int8_t* xg[Q];
+  for (int j = 0; j < Q; ++j) xg[j] = p.xq + (m0 + j) * p.Kp + g * kGroup;
+  // nibble products of one group: at most 8 pair sums of 3810 per int16 lane (see group_sums_avx2)
+  __m256i a[Q][2];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i w0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), low4);
+    const __m256i w1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32)), low4);
+    for (int j = 0; j < Q; ++j) {
+      const __m256i b = bcast4_avx2(xg[j] + c * 4);
+      const __m256i t0 = _mm256_maddubs_epi16(w0, b), t1 = _mm256_maddubs_epi16(w1, b);
+      a[j][0] = c == 0 ? t0 : _mm256_add_epi16(a[j][0], t0);
+      a[j][1] = c == 0 ? t1 : _mm256_add_epi16(a[j][1], t1);
+    }
+    // the high nibbles from a second load of the same bytes, which GCC may not merge with the first
+    const uint8_t* qh = qg;
+    __asm__("" : "+r"(qh));
+    const __m256i u0 = _mm256_and_si256(
+        _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + c * 64)), 4), low4);
+    const __m256i u1 = _mm256_and_si256(
+        _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + c * 64 + 32)), 4), low4);
+    for (int j = 0; j < Q; ++j) {
+      const __m256i b = bcast4_avx2(xg[j] + c * 4 + 16);
+      a[j][0] = _mm256_add_epi16(a[j][0], _mm256_maddubs_epi16(u0, b));
+      a[j][1] = _mm256_add_epi16(a[j][1], _mm256_maddubs_epi16(u1, b));
+    }
+    // GCC otherwise hoists every product of the group ahead of its adds and spills them all
+    for (int j = 0; j < Q; ++j) __asm__("" : "+x"(a[j][0]), "+x"(a[j][1]));
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int j = 0; j < Q; ++j) {
+    sums[j][0] = _mm256_madd_epi16(a[j][0], ones);
+    sums[j][1] = _mm256_madd_epi16(a[j][1], ones);
+  }
+}
+
+template <int MB, int J0 = 0>
+KILN_AVX2 inline void group_sums_q4_1_quads(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g,
+                                            __m256i (*sums)[2]) {
+  if constexpr (J0 < MB) {
+    constexpr int Q = MB - J0 < kQuad ? MB - J0 : kQuad;
+    group_sums_q4_1_rows<Q>(p, qg, m0 + J0, g, sums + J0);
+    group_sums_q4_1_quads<MB, J0 + Q>(p, qg, m0, g, sums);
+  }
+}
+
+// half_tile_avx2<Q4_1, MB> for both halves at once: the integer pass above over a run of groups, then
+// each half's float pass over the run (MB accumulators in registers, kept across runs).
+template <int MB>
+KILN_AVX2 void tile_q4_1_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*out)[kRows]) {
+  constexpr int64_t QB = 256, SB = 32;
+  __m256i sums[kRunGroups][MB][2];
+  __m256 acc[2][MB];
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < MB; ++j) acc[h][j] = _mm256_setzero_ps();
+  for (int64_t g0 = 0; g0 < p.G; g0 += kRunGroups) {
+    const int64_t gn = std::min<int64_t>(kRunGroups, p.G - g0);
+    for (int64_t i = 0; i < gn; ++i) {
+      const uint8_t* qg = p.qs + (t * p.G + g0 + i) * QB;
+      for (int64_t b = 0; b < QB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qg + kPrefetchBytesAvx2 + b), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p.scales + (t * p.G + g0 + i) * SB + kPrefetchBytesAvx2 * SB / QB),
+                   _MM_HINT_T0);
+      group_sums_q4_1_quads<MB>(p, qg, m0, g0 + i, sums[i]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < gn; ++i) {
+        const int64_t g = g0 + i;
+        const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
+        for (int j = 0; j < MB; ++j) {
+          const int64_t m = m0 + j;
+          const __m256 isum = _mm256_cvtepi32_ps(sums[i][j][h]);
+          const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[h][j]);
+          acc[h][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < MB; ++j) {
+    _mm256_storeu_ps(out[j], acc[0][j]);
+    _mm256_storeu_ps(out[j] + 8, acc[1][j]);
+  }
+}
+
 // One activation row m (a single stream's decode step and its LM head; a batch's last row): both
 // halves of the tile in one pass over its weights, each 64-byte line read once, with two independent
 // accumulator chains, and prefetched kPrefetchBytes ahead. The per-row operations of half_tile_avx2, so the same bits.
@@ -509,6 +608,17 @@ KILN_AVX2 void tile_avx2_row(const Problem& p, int64_t t, int64_t m) {
 template <int64_t KIND>
 void tile_avx2(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
   float out[kMaxMB][kRows];
+  if (KIND == Q4_1 && mb >= 4) {
+    switch (mb) {
+      case 4: tile_q4_1_rows_avx2<4>(p, t, m0, out); break;
+      case 5: tile_q4_1_rows_avx2<5>(p, t, m0, out); break;
+      case 6: tile_q4_1_rows_avx2<6>(p, t, m0, out); break;
+      case 7: tile_q4_1_rows_avx2<7>(p, t, m0, out); break;
+      default: tile_q4_1_rows_avx2<8>(p, t, m0, out); break;
+    }
+    for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, out[j]);
+    return;
+  }
   for (int h = 0; h < 2; ++h) {
     switch (mb) {
       case 1: half_tile_avx2<KIND, 1>(p, t, m0, h, out); break;
