@@ -373,7 +373,8 @@ KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
 }
 
 // Rows 8h .. 8h+7 of a tile (bytes 32h .. 32h+31 of every 64-byte block), for MB <= kMaxMB
-// activation rows. A run of up to kRunGroups groups goes in two passes: the integer dot products of
+// activation rows (run for 2 and 3 rows; tile_rows_avx2 below takes 4-8 the same way, both halves
+// at once). A run of up to kRunGroups groups goes in two passes: the integer dot products of
 // every (row, group) into a small buffer, then the scales into the accumulators, group by group in
 // order (the same operations in the same order as one pass). Split so, the integer pass carries no
 // dependency from one group to the next and needs few registers (all MB rows share one unpacking
@@ -471,14 +472,14 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
 }
 
-// q4_1 with 4 to 8 activation rows: the integer sums of a group for all 16 rows of the tile, up to
-// kQuad activation rows at a time, so each activation broadcast serves both halves of the tile (the
-// half-tile passes made every broadcast twice). The nibbles of the tile's 8 columns of 4 K elements
-// are unpacked per column pair from two loads (keeping the bytes live would spill the accumulators
-// to the stack). The same integers go through half_tile_avx2's float operations in the same order, so
-// the same bits. Measured on a 2-core Zen 2 EPYC, the embedded model's q4_1 layers (2 threads): 8
-// rows 10.0 -> 9.2 ms, 64 rows 63.4 -> 58.4 ms (116 GMAC/s). In a standalone probe of the tiles 2
-// rows at a time ran 1% slower than 3, and 4 spilled the accumulators to the stack (6% slower).
+// 4 to 8 activation rows: the integer sums of a group for all 16 rows of the tile, up to kQuad
+// activation rows at a time, so each activation broadcast serves both halves of the tile (the
+// half-tile passes made every broadcast twice, and q8_0's unpacked each column per half). The same
+// integers go through half_tile_avx2's float operations in the same order, so the same bits.
+// Measured on a 2-core Zen 2 EPYC, 2 threads: the embedded model's q4_1 layers 10.0 -> 9.2 ms at 8
+// rows, 63.4 -> 56-58 ms at 64 (116-121 GMAC/s); its q8_0 LM head 3.8 -> 3.3 ms at 8 rows, 24.8 ->
+// 23.7 ms at 64. In a standalone probe of the tiles 2 rows at a time ran 1% slower than 3, and 4
+// spilled the accumulators to the stack (6% slower).
 constexpr int kQuad = 3;
 
 template <int Q>
@@ -521,21 +522,54 @@ KILN_AVX2 inline void group_sums_q4_1_rows(const Problem& p, const uint8_t* qg, 
   }
 }
 
-template <int MB, int J0 = 0>
-KILN_AVX2 inline void group_sums_q4_1_quads(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g,
-                                            __m256i (*sums)[2]) {
-  if constexpr (J0 < MB) {
-    constexpr int Q = MB - J0 < kQuad ? MB - J0 : kQuad;
-    group_sums_q4_1_rows<Q>(p, qg, m0 + J0, g, sums + J0);
-    group_sums_q4_1_quads<MB, J0 + Q>(p, qg, m0, g, sums);
+// q8_0's sums for Q activation rows (group_sums_avx2's |q| and sign trick), both halves per broadcast.
+template <int Q>
+KILN_AVX2 inline void group_sums_q8_0_rows(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g,
+                                           __m256i (*sums)[2]) {
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const int8_t* xg[Q];
+  __m256i s[Q][2];
+  for (int j = 0; j < Q; ++j) {
+    xg[j] = p.xq + (m0 + j) * p.Kp + g * kGroup;
+    s[j][0] = s[j][1] = _mm256_set1_epi32(128 * p.xi[(m0 + j) * p.G + g]);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) {
+    const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), flip);
+    const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32)), flip);
+    const __m256i w0 = _mm256_abs_epi8(q0), w1 = _mm256_abs_epi8(q1);
+    for (int j = 0; j < Q; ++j) {
+      const __m256i b = bcast4_avx2(xg[j] + c * 4);
+      s[j][0] = _mm256_add_epi32(s[j][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(b, q0)), ones));
+      s[j][1] = _mm256_add_epi32(s[j][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(b, q1)), ones));
+    }
+    for (int j = 0; j < Q; ++j) __asm__("" : "+x"(s[j][0]), "+x"(s[j][1]));
+  }
+  for (int j = 0; j < Q; ++j) {
+    sums[j][0] = s[j][0];
+    sums[j][1] = s[j][1];
   }
 }
 
-// half_tile_avx2<Q4_1, MB> for both halves at once: the integer pass above over a run of groups, then
+template <int64_t KIND, int MB, int J0 = 0>
+KILN_AVX2 inline void group_sums_quads(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g, __m256i (*sums)[2]) {
+  if constexpr (J0 < MB) {
+    constexpr int Q = MB - J0 < kQuad ? MB - J0 : kQuad;
+    if constexpr (KIND == Q4_1) {
+      group_sums_q4_1_rows<Q>(p, qg, m0 + J0, g, sums + J0);
+    } else {
+      group_sums_q8_0_rows<Q>(p, qg, m0 + J0, g, sums + J0);
+    }
+    group_sums_quads<KIND, MB, J0 + Q>(p, qg, m0, g, sums);
+  }
+}
+
+// half_tile_avx2<KIND, MB> for both halves at once: the integer pass above over a run of groups, then
 // each half's float pass over the run (MB accumulators in registers, kept across runs).
-template <int MB>
-KILN_AVX2 void tile_q4_1_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*out)[kRows]) {
-  constexpr int64_t QB = 256, SB = 32;
+template <int64_t KIND, int MB>
+KILN_AVX2 void tile_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*out)[kRows]) {
+  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
   __m256i sums[kRunGroups][MB][2];
   __m256 acc[2][MB];
   for (int h = 0; h < 2; ++h)
@@ -547,14 +581,15 @@ KILN_AVX2 void tile_q4_1_rows_avx2(const Problem& p, int64_t t, int64_t m0, floa
       for (int64_t b = 0; b < QB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qg + kPrefetchBytesAvx2 + b), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(p.scales + (t * p.G + g0 + i) * SB + kPrefetchBytesAvx2 * SB / QB),
                    _MM_HINT_T0);
-      group_sums_q4_1_quads<MB>(p, qg, m0, g0 + i, sums[i]);
+      group_sums_quads<KIND, MB>(p, qg, m0, g0 + i, sums[i]);
     }
     for (int h = 0; h < 2; ++h) {
       for (int64_t i = 0; i < gn; ++i) {
         const int64_t g = g0 + i;
         const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
-        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
+        const __m256 mw = KIND == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)))
+                                       : _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
         for (int j = 0; j < MB; ++j) {
           const int64_t m = m0 + j;
           const __m256 isum = _mm256_cvtepi32_ps(sums[i][j][h]);
@@ -608,28 +643,15 @@ KILN_AVX2 void tile_avx2_row(const Problem& p, int64_t t, int64_t m) {
 template <int64_t KIND>
 void tile_avx2(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
   float out[kMaxMB][kRows];
-  if (KIND == Q4_1 && mb >= 4) {
-    switch (mb) {
-      case 4: tile_q4_1_rows_avx2<4>(p, t, m0, out); break;
-      case 5: tile_q4_1_rows_avx2<5>(p, t, m0, out); break;
-      case 6: tile_q4_1_rows_avx2<6>(p, t, m0, out); break;
-      case 7: tile_q4_1_rows_avx2<7>(p, t, m0, out); break;
-      default: tile_q4_1_rows_avx2<8>(p, t, m0, out); break;
-    }
-    for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, out[j]);
-    return;
-  }
-  for (int h = 0; h < 2; ++h) {
-    switch (mb) {
-      case 1: half_tile_avx2<KIND, 1>(p, t, m0, h, out); break;
-      case 2: half_tile_avx2<KIND, 2>(p, t, m0, h, out); break;
-      case 3: half_tile_avx2<KIND, 3>(p, t, m0, h, out); break;
-      case 4: half_tile_avx2<KIND, 4>(p, t, m0, h, out); break;
-      case 5: half_tile_avx2<KIND, 5>(p, t, m0, h, out); break;
-      case 6: half_tile_avx2<KIND, 6>(p, t, m0, h, out); break;
-      case 7: half_tile_avx2<KIND, 7>(p, t, m0, h, out); break;
-      default: half_tile_avx2<KIND, 8>(p, t, m0, h, out); break;
-    }
+  switch (mb) {   // 1 row goes through tile_avx2_row; 2 and 3 in two half-tile passes
+    case 1: half_tile_avx2<KIND, 1>(p, t, m0, 0, out); half_tile_avx2<KIND, 1>(p, t, m0, 1, out); break;
+    case 2: half_tile_avx2<KIND, 2>(p, t, m0, 0, out); half_tile_avx2<KIND, 2>(p, t, m0, 1, out); break;
+    case 3: half_tile_avx2<KIND, 3>(p, t, m0, 0, out); half_tile_avx2<KIND, 3>(p, t, m0, 1, out); break;
+    case 4: tile_rows_avx2<KIND, 4>(p, t, m0, out); break;
+    case 5: tile_rows_avx2<KIND, 5>(p, t, m0, out); break;
+    case 6: tile_rows_avx2<KIND, 6>(p, t, m0, out); break;
+    case 7: tile_rows_avx2<KIND, 7>(p, t, m0, out); break;
+    default: tile_rows_avx2<KIND, 8>(p, t, m0, out); break;
   }
   for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, out[j]);
 }
