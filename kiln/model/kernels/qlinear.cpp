@@ -435,6 +435,25 @@ KILN_AVX2 inline void group_sums_avx2(const Problem& p, const uint8_t* qg, int64
   }
 }
 
+// The float pass of group g for half h of a tile: acc[j] = fma(mw, xs, fma(isum, dw * xd, acc[j])) for
+// MB activation rows, whose integer sums stand `STRIDE` vectors apart; the operations and order
+// every path uses, so the same bits.
+template <int64_t KIND, int MB, int STRIDE>
+KILN_AVX2 inline void scale_group_avx2(const Problem& p, int64_t t, int64_t m0, int64_t g, int h, const __m256i* sums,
+                                       __m256* acc) {
+  constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
+  const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
+  const __m256 mw = KIND == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)))
+                                 : _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+  for (int j = 0; j < MB; ++j) {
+    const int64_t m = m0 + j;
+    const __m256 isum = _mm256_cvtepi32_ps(sums[j * STRIDE]);
+    const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[j]);
+    acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
+  }
+}
+
 template <int64_t KIND, int MB>
 KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kRows]) {
   constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
@@ -455,19 +474,7 @@ KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, fl
       }
       group_sums_avx2<KIND, MB>(p, qg + 32 * h, m0, g0 + i, sums[i]);
     }
-    for (int64_t i = 0; i < gn; ++i) {
-      const int64_t g = g0 + i;
-      const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
-      const __m256 mw = KIND == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)))
-                                     : _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
-      for (int j = 0; j < MB; ++j) {
-        const int64_t m = m0 + j;
-        const __m256 isum = _mm256_cvtepi32_ps(sums[i][j]);
-        const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[j]);
-        acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
-      }
-    }
+    for (int64_t i = 0; i < gn; ++i) scale_group_avx2<KIND, MB, 1>(p, t, m0, g0 + i, h, sums[i], acc);
   }
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
 }
@@ -583,21 +590,8 @@ KILN_AVX2 void tile_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*o
                    _MM_HINT_T0);
       group_sums_quads<KIND, MB>(p, qg, m0, g0 + i, sums[i]);
     }
-    for (int h = 0; h < 2; ++h) {
-      for (int64_t i = 0; i < gn; ++i) {
-        const int64_t g = g0 + i;
-        const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
-        const __m256 mw = KIND == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)))
-                                       : _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
-        for (int j = 0; j < MB; ++j) {
-          const int64_t m = m0 + j;
-          const __m256 isum = _mm256_cvtepi32_ps(sums[i][j][h]);
-          const __m256 a = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(p.xd[m * p.G + g])), acc[h][j]);
-          acc[h][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(p.xs[m * p.G + g]), a);
-        }
-      }
-    }
+    for (int h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < gn; ++i) scale_group_avx2<KIND, MB, 2>(p, t, m0, g0 + i, h, &sums[i][0][h], acc[h]);
   }
   for (int j = 0; j < MB; ++j) {
     _mm256_storeu_ps(out[j], acc[0][j]);
