@@ -47,15 +47,17 @@ class ServerState:
             raise model_loading()
         return self._engine
 
-    def attach_adapters(self) -> None:
-        """Let the engine serve the stored adapters (once both exist)."""
+    def attach_adapters(self, engine: Engine | None = None) -> None:
+        """Let the engine (`engine`, else the published one) serve the stored adapters, once both exist,
+        and serve again the default adapter the last process chose."""
         s = self.services
-        if self._engine is not None and s.adapter_store is not None:
-            self._engine.attach_adapters(s.adapter_store, s.adapter_compose_cache, s.adapters_active)
+        engine = engine if engine is not None else self._engine
+        if engine is not None and s.adapter_store is not None:
+            engine.attach_adapters(s.adapter_store, s.adapter_compose_cache, s.adapters_active)
             if s.adapters_active is not None:
                 from kiln.adapters.active import model_spec_for
 
-                s.adapters_active.restore(model_spec_for(self._engine))
+                s.adapters_active.restore(model_spec_for(engine))
 
     # -- kiln.engine.serving.CompletionObserver: fan out to the services that observe completions ---
     def completion_started(self) -> None:

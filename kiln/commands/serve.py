@@ -197,8 +197,11 @@ def _run(args) -> int:
 
         threading.Thread(target=warm_up_imports, name="kiln-train-warm", daemon=True).start()
         try:
-            state.engine = build_engine(settings)
-            state.attach_adapters()
+            engine = build_engine(settings)
+            # the default adapter is restored before the engine is published: once /health says ready,
+            # requests get the adapter the last process served (and its state file is not mid-write)
+            state.attach_adapters(engine)
+            state.engine = engine
             s = state.services
             if s.training is not None and s.training.auto_resume:
                 from kiln.train.submission import resume_interrupted

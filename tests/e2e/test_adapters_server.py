@@ -130,3 +130,25 @@ def test_rollout_provenance_records_the_adapter_identity(lora_server):
     assert policy["adapter"]["name"] == "style-y"
     assert policy["adapter"]["content_sha256"].startswith("sha256:")
     assert policy["adapter"]["content_sha256"] in str(listed["style-y"])
+
+
+def test_a_restarted_server_says_ready_only_once_it_serves_the_default_adapter_again(tiny_model_dir, tmp_path):
+    # /health answered 200 before the default adapter was restored: a first request could get the base
+    # model, and the adapter's state file could be mid-write when a client looked
+    server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny")
+    try:
+        data = _peft_archive(tiny_model_dir, tmp_path, "style-x", ["q_proj", "v_proj", "down_proj"], 1)
+        r = httpx.post(server.url + "/v1/adapters/upload", data={"name": "style-x"},
+                       files={"archive": ("style-x.tar.gz", data, "application/gzip")}, timeout=60)
+        assert r.status_code == 200, r.text
+        x = text(chat(server, adapter="style-x"))
+        assert httpx.post(server.url + "/v1/adapters/load", json={"name": "style-x"}, timeout=30).status_code == 200
+    finally:
+        stop_server(server)
+    server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny")
+    try:
+        # start_server returns at the first 200 from /health
+        assert httpx.get(server.url + "/health", timeout=30).json()["active_adapter"] == "style-x"
+        assert text(chat(server)) == x
+    finally:
+        stop_server(server)
