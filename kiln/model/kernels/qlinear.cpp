@@ -372,16 +372,6 @@ KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// Rows 8h .. 8h+7 of a tile (bytes 32h .. 32h+31 of every 64-byte block), for MB <= kMaxMB
-// activation rows (run for 2 and 3 rows; tile_rows_avx2 below takes 4-8 the same way, both halves
-// at once). A run of up to kRunGroups groups goes in two passes: the integer dot products of
-// every (row, group) into a small buffer, then the scales into the accumulators, group by group in
-// order (the same operations in the same order as one pass). Split so, the integer pass carries no
-// dependency from one group to the next and needs few registers (all MB rows share one unpacking
-// of the weights), and the float pass keeps MB accumulators in registers: one pass with both
-// spilled the accumulators and waited on their store-to-load round trip every group.
-constexpr int64_t kRunGroups = 16;
-
 // The integer sums of one group for 8 output rows and MB activation rows (int32 lanes = rows).
 template <int64_t KIND, int MB>
 KILN_AVX2 inline void group_sums_avx2(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g, __m256i* sums) {
@@ -454,27 +444,24 @@ KILN_AVX2 inline void scale_group_avx2(const Problem& p, int64_t t, int64_t m0, 
   }
 }
 
+// Rows 8h .. 8h+7 of a tile (bytes 32h .. 32h+31 of every 64-byte block) for 2 or 3 activation rows,
+// group by group: so few rows keep their sums and accumulators in registers.
 template <int64_t KIND, int MB>
 KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kRows]) {
   constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
   constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
   __m256 acc[MB];
   for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
-  // a few rows fit in registers as they are: one pass (a buffered run only costs them time)
-  constexpr int64_t run = MB <= 3 ? 1 : kRunGroups;
-  __m256i sums[run][MB];
-  for (int64_t g0 = 0; g0 < p.G; g0 += run) {
-    const int64_t gn = std::min<int64_t>(run, p.G - g0);
-    for (int64_t i = 0; i < gn; ++i) {
-      const uint8_t* qg = p.qs + (t * p.G + g0 + i) * QB;
-      if (h == 0) {   // as tile_avx512 does: the first half's pass asks for the weights well ahead
-        for (int64_t b = 0; b < QB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qg + kPrefetchBytesAvx2 + b), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p.scales + (t * p.G + g0 + i) * SB + kPrefetchBytesAvx2 * SB / QB),
-                     _MM_HINT_T0);
-      }
-      group_sums_avx2<KIND, MB>(p, qg + 32 * h, m0, g0 + i, sums[i]);
+  for (int64_t g = 0; g < p.G; ++g) {
+    const uint8_t* qg = p.qs + (t * p.G + g) * QB;
+    if (h == 0) {   // as tile_avx512 does: the first half's pass asks for the weights well ahead
+      for (int64_t b = 0; b < QB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qg + kPrefetchBytesAvx2 + b), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p.scales + (t * p.G + g) * SB + kPrefetchBytesAvx2 * SB / QB),
+                   _MM_HINT_T0);
     }
-    for (int64_t i = 0; i < gn; ++i) scale_group_avx2<KIND, MB, 1>(p, t, m0, g0 + i, h, sums[i], acc);
+    __m256i sums[MB];
+    group_sums_avx2<KIND, MB>(p, qg + 32 * h, m0, g, sums);
+    scale_group_avx2<KIND, MB, 1>(p, t, m0, g, h, sums, acc);
   }
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
 }
@@ -571,8 +558,14 @@ KILN_AVX2 inline void group_sums_quads(const Problem& p, const uint8_t* qg, int6
   }
 }
 
-// half_tile_avx2<KIND, MB> for both halves at once: the integer pass above over a run of groups, then
-// each half's float pass over the run (MB accumulators in registers, kept across runs).
+// A tile for 4-8 activation rows. A run of up to kRunGroups groups goes in two passes: the integer dot
+// products of every (row, group) into a small buffer, then each half's scales into the accumulators,
+// group by group in order (the same operations in the same order as one pass). Split so, the integer
+// pass carries no dependency from one group to the next and needs few registers, and the float pass
+// keeps MB accumulators in registers: one pass with both spilled the accumulators and waited on their
+// store-to-load round trip every group.
+constexpr int64_t kRunGroups = 16;
+
 template <int64_t KIND, int MB>
 KILN_AVX2 void tile_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*out)[kRows]) {
   constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
@@ -637,8 +630,8 @@ KILN_AVX2 void tile_avx2_row(const Problem& p, int64_t t, int64_t m) {
 template <int64_t KIND>
 void tile_avx2(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
   float out[kMaxMB][kRows];
-  switch (mb) {   // 1 row goes through tile_avx2_row; 2 and 3 in two half-tile passes
-    case 1: half_tile_avx2<KIND, 1>(p, t, m0, 0, out); half_tile_avx2<KIND, 1>(p, t, m0, 1, out); break;
+  switch (mb) {
+    case 1: return tile_avx2_row<KIND>(p, t, m0);
     case 2: half_tile_avx2<KIND, 2>(p, t, m0, 0, out); half_tile_avx2<KIND, 2>(p, t, m0, 1, out); break;
     case 3: half_tile_avx2<KIND, 3>(p, t, m0, 0, out); half_tile_avx2<KIND, 3>(p, t, m0, 1, out); break;
     case 4: tile_rows_avx2<KIND, 4>(p, t, m0, out); break;
@@ -918,10 +911,6 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
 #ifdef KILN_X86
         if (j.isa == ISA_AVX512_VNNI) {
           p.kind == Q4_1 ? tile_avx512_any<Q4_1>(p, t, m0, mb) : tile_avx512_any<Q8_0>(p, t, m0, mb);
-          continue;
-        }
-        if (j.isa == ISA_AVX2 && mb == 1) {
-          p.kind == Q4_1 ? tile_avx2_row<Q4_1>(p, t, m0) : tile_avx2_row<Q8_0>(p, t, m0);
           continue;
         }
         if (j.isa == ISA_AVX2) {
