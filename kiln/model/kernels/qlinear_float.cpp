@@ -160,6 +160,69 @@ KILN_QF_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int h, flo
     for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a][j] + 8 * h, acc[a][j]);
 }
 
+// One activation row (a decode step): both halves of a tile per pass, so each activation broadcast
+// feeds 16 output rows, and the group's running sums live in `acc` (memory: they change once per 32 K
+// values), leaving the registers to the four chains (lo and hi of each half) and the codes. The code of
+// row r, K index 4c+i sits in byte i of the row's dword: masked once per c (q4_1: low and high nibbles
+// apart), one vpshufb per i moves byte i of every row's dword to its bottom, zero-extended, for
+// vcvtdq2ps. tiles_avx2 shifts and masks per i instead (an operation more per 8 weights) and keeps
+// every tile's codes and sums in registers, which spills at one row and four tiles side by side.
+template <bool Q4>
+KILN_QF_AVX2 void row_tile_avx2(const Problem& p, int64_t t, int64_t m, float* out) {
+  constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
+  const float* x = p.x + m * p.G * kGroup;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  alignas(32) float acc[kRows] = {};
+  for (int64_t g = 0; g < p.G; ++g) {
+    const float* xg = x + g * kGroup;
+    const uint8_t* qg = p.qs + (t * p.G + g) * QB;
+    __m256 lo[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, hi[2] = {lo[0], lo[1]};
+    for (int c = 0; c < 4; ++c) {
+      __m256i vl[2], vh[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32 * h));
+        if (Q4) {
+          vl[h] = _mm256_and_si256(v, low4);
+          vh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        } else {
+          // q8_0 bytes are code + 128: flipping the top bit makes them the signed code
+          vl[h] = _mm256_xor_si256(v, flip);
+          vh[h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64 + 32 * h)), flip);
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m256 xl = _mm256_broadcast_ss(xg + 4 * c + i), xh = _mm256_broadcast_ss(xg + 16 + 4 * c + i);
+        for (int h = 0; h < 2; ++h) {
+          __m256 wl, wh;
+          if (Q4) {
+            const __m256i pick = _mm256_set1_epi32(static_cast<int>(0x80808000u) | i);
+            const __m256i rows = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
+            const __m256i ctl = _mm256_add_epi32(pick, rows);
+            wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vl[h], ctl));
+            wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vh[h], ctl));
+          } else {
+            wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl[h], 24 - 8 * i), 24));
+            wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh[h], 24 - 8 * i), 24));
+          }
+          lo[h] = _mm256_fmadd_ps(wl, xl, lo[h]);
+          hi[h] = _mm256_fmadd_ps(wh, xh, hi[h]);
+        }
+      }
+    }
+    const uint16_t* sg = p.scales + (t * p.G + g) * SB;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
+      __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo[h], hi[h]), _mm256_load_ps(acc + 8 * h));
+      if (Q4) {
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
+        s = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[m * p.G + g]), s);
+      }
+      _mm256_store_ps(acc + 8 * h, s);
+    }
+  }
+  std::memcpy(out, acc, sizeof(acc));
+}
+
 template <bool Q4, int NT, int MB>
 KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
@@ -391,8 +454,9 @@ void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
   }
 }
 
-// Few activation rows: several tiles side by side (independent chains hide the FMA latency);
-// more rows: one tile, up to 4 rows sharing each unpacked weight vector.
+// Few activation rows: several tiles side by side (independent chains hide the FMA latency; on AVX2
+// one row takes row_tile_avx2 instead); more rows: one tile, up to 4 rows sharing each unpacked weight
+// vector.
 template <bool Q4>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
   float out[4][kMaxMB][kRows];
@@ -408,13 +472,19 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
     tiles_avx2<Q4, NT, MB>(p, t, m0, 0, out);                                     \
     tiles_avx2<Q4, NT, MB>(p, t, m0, 1, out);                                     \
   }
+      if (mb == 1 && !avx512) {
+        row_tile_avx2<Q4>(p, t, m0, out[0][0]);
+        store(p, m0, t, out[0][0]);
+        ++t;
+        continue;
+      }
       if (n == 4 && mb == 1) {
-        KILN_QF_CALL(4, 1)
+        tiles_avx512<Q4, 4, 1>(p, t, m0, out);
       } else if (n == 2 && mb == 2) {
         KILN_QF_CALL(2, 2)
       } else {
         switch (mb) {
-          case 1: KILN_QF_CALL(1, 1) break;
+          case 1: tiles_avx512<Q4, 1, 1>(p, t, m0, out); break;
           case 2: KILN_QF_CALL(1, 2) break;
           case 3: KILN_QF_CALL(1, 3) break;
           default: KILN_QF_CALL(1, 4) break;
