@@ -189,6 +189,12 @@ def test_auto_target_paces_dense_bfloat16_on_the_avx2_and_scalar_kernels():
     assert auto_itl_target_ms("cpu", "bfloat16", "none", "scalar") == AUTO_TARGET_MS
 
 
+def test_auto_target_paces_gguf_blocks_with_float_activations_on_the_avx2_kernels():
+    assert auto_itl_target_ms("cpu", "float32", "gguf-float", "avx2") == AUTO_TARGET_MS
+    assert auto_itl_target_ms("cpu", "float32", "gguf-float", "scalar") == AUTO_TARGET_MS
+    assert auto_itl_target_ms("cpu", "float32", "gguf-float", "avx512") == 0
+
+
 def test_auto_target_keeps_the_fixed_price_elsewhere():
     assert auto_itl_target_ms("cpu", "bfloat16", "none", "avx512") == 0
     assert auto_itl_target_ms("cpu", "bfloat16", "gguf", "avx2") == 0
