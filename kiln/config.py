@@ -58,10 +58,11 @@ class ModelSettings:
     dtype: str = "auto"
     # auto | cpu | cuda
     device: str = "auto"
-    # Weights the serving path multiplies with: none (dense) | gguf (a GGUF's own 4/8-bit blocks with 8-bit
-    # activations, as llama.cpp does) | gguf-float (the same blocks with float32 activations) | auto
-    # (gguf-float for a Q4/Q8 GGUF on the CPU, else none) | q8_0 | q4_1 (quantize every projection)
-    quantization: str = "none"
+    # Weights the serving path multiplies with: auto (default: dense on AVX512-BF16 or a GPU; gguf-float
+    # for a Q4/Q8 GGUF on any other CPU, loader.resolve_quantization) | none (dense) | gguf (a GGUF's own
+    # 4/8-bit blocks with 8-bit activations, as llama.cpp does) | gguf-float (the same blocks with
+    # float32 activations) | q8_0 | q4_1 (quantize every projection)
+    quantization: str = "auto"
     # PEFT adapter folders imported into the adapter store at start, as NAME=PATH (vLLM's --lora-modules)
     lora_modules: list[str] = field(default_factory=list)
 

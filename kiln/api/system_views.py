@@ -134,6 +134,8 @@ def config_view(state: ServerState) -> dict[str, Any]:
         body["model"] = {
             "served_model_id": info.served_model_id, "path": info.path, "format": info.format,
             "architecture": info.config.architecture, "dtype": info.dtype, "device": info.device,
+            # the weights the serving path multiplies with, "auto" resolved (none | gguf | gguf-float | ...)
+            "quantization": info.quantization,
             "max_model_len": info.max_model_len, "num_blocks": info.num_blocks, "block_size": info.block_size,
             "backend": engine.backend,
             "cpu_isa": _cpu_isa(engine),

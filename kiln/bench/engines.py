@@ -114,13 +114,14 @@ class KilnServerEngine(HttpEngine):
     the AVX2 code paths on a CPU that has AVX-512 (None: the CPU's best, as `make serve` runs)."""
 
     def __init__(self, model_path: str, threads: int, kv_cache_mb: int | None = None,
-                 url: str | None = None, quantization: str = "none", name: str = KILN,
+                 url: str | None = None, quantization: str = "auto", name: str = KILN,
                  isa: str | None = None, primary: bool = True) -> None:
         super().__init__(Endpoint(name, url or "", extra_body={"ignore_eos": True}))
         self.model_path, self.threads, self.kv_cache_mb = model_path, threads, kv_cache_mb
         self.quantization, self.isa, self.primary = quantization, isa, primary
         self.server: ServerProcess | None = None
         self.cpu_isa: str | None = None     # what the server reports in /health
+        self.weights: str | None = None     # the quantization it resolved, from its /v1/config
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def start(self) -> None:
@@ -142,6 +143,7 @@ class KilnServerEngine(HttpEngine):
             self.endpoint.base_url = self.server.url
         self.endpoint.model = asyncio.run(client_load.discover_model(self.endpoint))
         self.cpu_isa = asyncio.run(client_load.health_field(self.endpoint, "cpu_isa"))
+        self.weights = asyncio.run(client_load.config_model_field(self.endpoint, "quantization"))
 
     def close(self) -> None:
         self._stop_server()

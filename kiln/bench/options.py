@@ -67,7 +67,7 @@ class BenchOptions:
         Kiln-only measurements run on)."""
         if self.quantization != "auto":
             return (self.quantization,)
-        return ("none", "gguf") if Path(self.model_path).suffix == ".gguf" else ("none",)
+        return ("auto", "gguf") if Path(self.model_path).suffix == ".gguf" else ("auto",)
 
     @property
     def kiln_quantization(self) -> str:

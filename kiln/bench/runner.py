@@ -27,8 +27,9 @@ def check_model_path(path: str) -> None:
 
 
 def kiln_name(quantization: str, isa: str) -> str:
-    """`kiln avx512` serves the default weights; `kiln gguf avx512` the GGUF's own blocks."""
-    return f"{KILN} {isa}" if quantization == "none" else f"{KILN} {quantization} {isa}"
+    """`kiln avx512` serves the default weights (`--quantization auto`, what `kiln serve` serves);
+    `kiln gguf avx512` the GGUF's own blocks."""
+    return f"{KILN} {isa}" if quantization == "auto" else f"{KILN} {quantization} {isa}"
 
 
 def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: list[int] | None = None,
@@ -58,7 +59,7 @@ def build_engines(options: BenchOptions, result: BenchResult, eos_token_ids: lis
                                                               label))
                 result.options[f"{ref} binary"] = f"{found.path} ({found.how}; {llama_server.version(found.path)})"
         for k in kilns:
-            result.comparisons.append(Comparison(k.name, ref, label, "default" if k.quantization == "none"
+            result.comparisons.append(Comparison(k.name, ref, label, "default" if k.quantization == "auto"
                                                  else k.quantization))
     if options.skip_reference:
         result.note("reference engines skipped (--skip-reference): no ratios")
@@ -79,6 +80,9 @@ def run_engine(ctx: BenchContext, engine: BenchEngine, measurements: list[Measur
         isa = getattr(engine, "cpu_isa", None)
         if isa:
             ctx.result.options[f"{engine.name}: kernels' ISA (its /health)"] = isa
+        weights = getattr(engine, "weights", None)
+        if weights:
+            ctx.result.options[f"{engine.name}: weights (its /v1/config quantization)"] = weights
         engine.warmup(ctx.prompt(ctx.options.warmup_prompt_tokens, WARMUP_SEED))
         for m in chosen:
             ctx.log(f"{engine.name}: {m.description}")

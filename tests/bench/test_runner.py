@@ -189,8 +189,8 @@ def test_a_partial_result_says_so_in_the_markdown(result):
 
 
 def test_a_gguf_is_benchmarked_with_the_default_weights_and_its_own_blocks():
-    assert BenchOptions.preset("model.Q4_1.gguf").kiln_quantizations == ("none", "gguf")
-    assert BenchOptions.preset("/models/hf-dir").kiln_quantizations == ("none",)
+    assert BenchOptions.preset("model.Q4_1.gguf").kiln_quantizations == ("auto", "gguf")
+    assert BenchOptions.preset("/models/hf-dir").kiln_quantizations == ("auto",)
     assert BenchOptions.preset("model.gguf", quantization="q8_0").kiln_quantizations == ("q8_0",)
     assert "gguf (kiln serve --quantization gguf)" in BenchOptions.preset("model.gguf").describe()["Kiln weights"]
 

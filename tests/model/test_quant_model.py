@@ -78,15 +78,36 @@ def test_gguf_float_serves_the_blocks_with_float_activations(tmp_path, quant):
     assert (served - dense).abs().max() < 1e-4 * dense.abs().max()
 
 
-def test_auto_keeps_a_quantized_gguf_packed_with_float32_activations(tmp_path):
+def test_auto_keeps_a_quantized_gguf_packed_with_float32_activations_on_the_avx2_kernels(tmp_path):
+    from kiln.model import kernels
     from kiln.model.loader import resolve_quantization
 
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
-    assert resolve_quantization(path) == "gguf-float"
-    assert resolve_quantization(path, "cuda") == "none"
-    model, weights = load_model(path, quantization="auto")
+    with kernels.using_isa("avx2"):
+        assert resolve_quantization(path) == "gguf-float"
+        assert resolve_quantization(path, "cuda") == "none"
+        model, weights = load_model(path, quantization="auto")
     assert weights.quantization == "gguf-float" and model.dtype == torch.float32
+
+
+def test_auto_serves_the_dense_weights_where_decode_rebuilds_bfloat16_from_the_blocks(tmp_path, monkeypatch):
+    from kiln.model import loader
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
+    monkeypatch.setattr(loader, "codes_serve_here", lambda: True)   # AVX512-BF16
+    assert loader.resolve_quantization(path) == "none"
+
+
+def test_auto_serves_the_dense_weights_without_the_kernels(tmp_path, monkeypatch):
+    from kiln.model import kernels, loader
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
+    monkeypatch.setattr(loader, "codes_serve_here", lambda: False)
+    monkeypatch.setattr(kernels, "dense_bf16_fast", lambda: False)
+    assert loader.resolve_quantization(path) == "none"
 
 
 def test_auto_serves_dense_weights_where_nothing_is_packable(tmp_path, tiny_llama):
