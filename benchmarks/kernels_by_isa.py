@@ -96,7 +96,7 @@ def main() -> None:
     print(f"CPU ISAs: {', '.join(kernels.cpu_isas())}; timing {', '.join(isas)}; threads {torch.get_num_threads()}")
     path = default_model_path()
     for fmt in args.formats.split(","):
-        model, _ = load_model(path, dtype="bfloat16", quantization=fmt)
+        model, _ = load_model(path, dtype="auto" if fmt == "gguf-float" else "bfloat16", quantization=fmt)
         transformer_module.use_decode_stack = True
         for context in (int(c) for c in args.context.split(",")):
             step = _step_fn(model, context, args.batch)

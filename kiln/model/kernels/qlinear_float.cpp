@@ -282,108 +282,74 @@ KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float 
 // Many activation rows (prefill): a tile's codes are converted to float32 once, into a panel in the
 // order the chains read them ([g][c][i][low, high][16 rows]), and every block of rows runs the same
 // chains from the panel: the same operations on the same values, so the same bits as unpacking per row
-// block, without paying the conversion M / 4 times.
+// block, without paying the conversion M / 4 times. The panel's slice for group g (512 floats):
 template <bool Q4>
-KILN_QF_AVX2 void unpack_avx2(const Problem& p, int64_t t, float* panel) {
+KILN_QF_AVX2 void unpack_group_avx2(const Problem& p, int64_t t, int64_t g, float* dst) {
   constexpr int64_t QB = Q4 ? 256 : 512;
   const __m256i nib = _mm256_set1_epi32(0x0F), flip = _mm256_set1_epi32(static_cast<int>(0x80808080u));
-  for (int64_t g = 0; g < p.G; ++g)
-    for (int h = 0; h < 2; ++h)
-      for (int c = 0; c < 4; ++c) {
-        const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
-        __m256i vl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), vh = vl;
-        if (!Q4) {
-          vl = _mm256_xor_si256(vl, flip);
-          vh = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64)), flip);
-        }
-        for (int i = 0; i < 4; ++i) {
-          float* dst = panel + (((g * 4 + c) * 4 + i) * 2) * kRows + 8 * h;
-          __m256 wl, wh;
-          if (Q4) {
-            wl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i), nib));
-            wh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i + 4), nib));
-          } else {
-            wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl, 24 - 8 * i), 24));
-            wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh, 24 - 8 * i), 24));
-          }
-          _mm256_storeu_ps(dst, wl);
-          _mm256_storeu_ps(dst + kRows, wh);
-        }
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
+      __m256i vl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), vh = vl;
+      if (!Q4) {
+        vl = _mm256_xor_si256(vl, flip);
+        vh = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64)), flip);
       }
-}
-
-template <bool Q4, int MB>
-KILN_QF_AVX2 void panel_avx2(const Problem& p, int64_t t, int64_t m0, int h, const float* panel, float (*out)[kRows]) {
-  constexpr int64_t SB = Q4 ? 32 : 16;
-  const int64_t Kp = p.G * kGroup;
-  __m256 acc[MB];
-  for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < p.G; ++g) {
-    __m256 lo[MB], hi[MB];
-    for (int j = 0; j < MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
-    for (int c = 0; c < 4; ++c)
       for (int i = 0; i < 4; ++i) {
-        const float* src = panel + (((g * 4 + c) * 4 + i) * 2) * kRows + 8 * h;
-        const __m256 wl = _mm256_loadu_ps(src), wh = _mm256_loadu_ps(src + kRows);
-        for (int j = 0; j < MB; ++j) {
-          const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
-          lo[j] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(xg + 4 * c + i), lo[j]);
-          hi[j] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(xg + 16 + 4 * c + i), hi[j]);
-        }
-      }
-    const uint16_t* sg = p.scales + (t * p.G + g) * SB + 8 * h;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg)));
-    for (int j = 0; j < MB; ++j) {
-      acc[j] = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j], hi[j]), acc[j]);
-      if (Q4) {
-        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16)));
-        acc[j] = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[j]);
-      }
-    }
-  }
-  for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
-}
-
-// Both halves of a tile per pass (MB <= 2 rows): each activation broadcast feeds all 16 output rows,
-// half the broadcasts per FMA of the one-half form.
-template <bool Q4, int MB>
-KILN_QF_AVX2 void panel16_avx2(const Problem& p, int64_t t, int64_t m0, const float* panel, float (*out)[kRows]) {
-  constexpr int64_t SB = Q4 ? 32 : 16;
-  const int64_t Kp = p.G * kGroup;
-  __m256 acc[MB][2];
-  for (int j = 0; j < MB; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < p.G; ++g) {
-    __m256 lo[MB][2], hi[MB][2];
-    for (int j = 0; j < MB; ++j) lo[j][0] = lo[j][1] = hi[j][0] = hi[j][1] = _mm256_setzero_ps();
-    for (int c = 0; c < 4; ++c)
-      for (int i = 0; i < 4; ++i) {
-        const float* src = panel + (((g * 4 + c) * 4 + i) * 2) * kRows;
-        const __m256 wl0 = _mm256_loadu_ps(src), wl1 = _mm256_loadu_ps(src + 8);
-        const __m256 wh0 = _mm256_loadu_ps(src + kRows), wh1 = _mm256_loadu_ps(src + kRows + 8);
-        for (int j = 0; j < MB; ++j) {
-          const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
-          const __m256 xl = _mm256_broadcast_ss(xg + 4 * c + i), xh = _mm256_broadcast_ss(xg + 16 + 4 * c + i);
-          lo[j][0] = _mm256_fmadd_ps(wl0, xl, lo[j][0]);
-          lo[j][1] = _mm256_fmadd_ps(wl1, xl, lo[j][1]);
-          hi[j][0] = _mm256_fmadd_ps(wh0, xh, hi[j][0]);
-          hi[j][1] = _mm256_fmadd_ps(wh1, xh, hi[j][1]);
-        }
-      }
-    const uint16_t* sg = p.scales + (t * p.G + g) * SB;
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
-      for (int j = 0; j < MB; ++j) {
-        acc[j][h] = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j][h], hi[j][h]), acc[j][h]);
+        float* o = dst + ((c * 4 + i) * 2) * kRows + 8 * h;
+        __m256 wl, wh;
         if (Q4) {
-          const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
-          acc[j][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), acc[j][h]);
+          wl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i), nib));
+          wh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i + 4), nib));
+        } else {
+          wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl, 24 - 8 * i), 24));
+          wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh, 24 - 8 * i), 24));
         }
+        _mm256_storeu_ps(o, wl);
+        _mm256_storeu_ps(o + kRows, wh);
       }
     }
-  }
-  for (int j = 0; j < MB; ++j) {
-    _mm256_storeu_ps(out[j], acc[j][0]);
-    _mm256_storeu_ps(out[j] + 8, acc[j][1]);
+}
+
+template <bool Q4>
+KILN_QF_AVX2 void unpack_avx2(const Problem& p, int64_t t, float* panel) {
+  for (int64_t g = 0; g < p.G; ++g) unpack_group_avx2<Q4>(p, t, g, panel + g * kGroup * kRows);
+}
+
+// Group g's chains for activation rows m0..m0+MB-1 (MB <= 3) over all 16 output rows, from its slice
+// in L1, into their running sums acc[j][16] (the panel16_avx2 operations for one group).
+template <bool Q4, int MB>
+KILN_QF_AVX2 void group_rows_avx2(const Problem& p, int64_t t, int64_t g, int64_t m0, const float* slice, float* acc) {
+  constexpr int64_t SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  __m256 lo[MB][2], hi[MB][2];
+  for (int j = 0; j < MB; ++j) lo[j][0] = lo[j][1] = hi[j][0] = hi[j][1] = _mm256_setzero_ps();
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 4; ++i) {
+      const float* src = slice + ((c * 4 + i) * 2) * kRows;
+      const __m256 wl0 = _mm256_load_ps(src), wl1 = _mm256_load_ps(src + 8);
+      const __m256 wh0 = _mm256_load_ps(src + kRows), wh1 = _mm256_load_ps(src + kRows + 8);
+      for (int j = 0; j < MB; ++j) {
+        const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+        const __m256 xl = _mm256_broadcast_ss(xg + 4 * c + i), xh = _mm256_broadcast_ss(xg + 16 + 4 * c + i);
+        lo[j][0] = _mm256_fmadd_ps(wl0, xl, lo[j][0]);
+        lo[j][1] = _mm256_fmadd_ps(wl1, xl, lo[j][1]);
+        hi[j][0] = _mm256_fmadd_ps(wh0, xh, hi[j][0]);
+        hi[j][1] = _mm256_fmadd_ps(wh1, xh, hi[j][1]);
+      }
+    }
+  const uint16_t* sg = p.scales + (t * p.G + g) * SB;
+  for (int h = 0; h < 2; ++h) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
+    for (int j = 0; j < MB; ++j) {
+      float* a = acc + j * kRows + 8 * h;
+      __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j][h], hi[j][h]), _mm256_load_ps(a));
+      if (Q4) {
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
+        s = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), s);
+      }
+      _mm256_store_ps(a, s);
+    }
   }
 }
 
@@ -419,9 +385,33 @@ KILN_QF_AVX512 void panel_avx512(const Problem& p, int64_t t, int64_t m0, const 
   for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out[j], acc[j]);
 }
 
+// AVX2, rows [0, M) of tiles [t0, t1) (M above one row block): group by group, every row block through
+// one group's slice while it sits in L1, the rows' running sums in `acc`. A whole tile's panel (36 KB
+// at K = 576) outgrew L1, and streaming it from L2 once per pair of rows held these FMAs at half their
+// rate; three rows at a time give 12 independent chains, enough to cover the FMA latency.
+template <bool Q4>
+void run_groups_avx2(const Problem& p, int64_t t0, int64_t t1) {
+  thread_local std::vector<float> acc_buf;
+  acc_buf.resize(static_cast<size_t>(p.M * kRows + 8));
+  float* acc = acc_buf.data() + ((8 - reinterpret_cast<uintptr_t>(acc_buf.data()) / sizeof(float) % 8) % 8);
+  alignas(32) float slice[kGroup * kRows];
+  for (int64_t t = t0; t < t1; ++t) {
+    std::fill(acc, acc + p.M * kRows, 0.0f);
+    for (int64_t g = 0; g < p.G; ++g) {
+      unpack_group_avx2<Q4>(p, t, g, slice);
+      int64_t m0 = 0;
+      for (; m0 + 3 <= p.M; m0 += 3) group_rows_avx2<Q4, 3>(p, t, g, m0, slice, acc + m0 * kRows);
+      if (p.M - m0 == 2) group_rows_avx2<Q4, 2>(p, t, g, m0, slice, acc + m0 * kRows);
+      if (p.M - m0 == 1) group_rows_avx2<Q4, 1>(p, t, g, m0, slice, acc + m0 * kRows);
+    }
+    for (int64_t m = 0; m < p.M; ++m) store(p, m, t, acc + m * kRows);
+  }
+}
+
 // Rows [0, M) of tiles [t0, t1) through panels (M above one row block).
 template <bool Q4>
 void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
+  if (!avx512) return run_groups_avx2<Q4>(p, t0, t1);
   thread_local std::vector<float> panel;
   panel.resize(static_cast<size_t>(p.G * kGroup * kRows));
   float out[kMaxMB][kRows];
@@ -429,26 +419,12 @@ void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
     unpack_avx2<Q4>(p, t, panel.data());
     for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
       const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, p.M - m0));
-#define KILN_QF_PANEL(MB)                                             \
-  if (avx512) {                                                       \
-    panel_avx512<Q4, MB>(p, t, m0, panel.data(), out);                \
-  } else {                                                            \
-    panel_avx2<Q4, MB>(p, t, m0, 0, panel.data(), out);               \
-    panel_avx2<Q4, MB>(p, t, m0, 1, panel.data(), out);               \
-  }
-      if (!avx512 && mb >= 2) {   // pairs of rows through both halves at once
-        panel16_avx2<Q4, 2>(p, t, m0, panel.data(), out);
-        if (mb == 3) panel16_avx2<Q4, 1>(p, t, m0 + 2, panel.data(), out + 2);
-        if (mb == 4) panel16_avx2<Q4, 2>(p, t, m0 + 2, panel.data(), out + 2);
-      } else {
-        switch (mb) {
-          case 1: KILN_QF_PANEL(1) break;
-          case 2: KILN_QF_PANEL(2) break;
-          case 3: KILN_QF_PANEL(3) break;
-          default: KILN_QF_PANEL(4) break;
-        }
+      switch (mb) {
+        case 1: panel_avx512<Q4, 1>(p, t, m0, panel.data(), out); break;
+        case 2: panel_avx512<Q4, 2>(p, t, m0, panel.data(), out); break;
+        case 3: panel_avx512<Q4, 3>(p, t, m0, panel.data(), out); break;
+        default: panel_avx512<Q4, 4>(p, t, m0, panel.data(), out); break;
       }
-#undef KILN_QF_PANEL
       for (int j = 0; j < mb; ++j) store(p, m0 + j, t, out[j]);
     }
   }
