@@ -70,8 +70,10 @@ class ModelSettings:
 @dataclass
 class EngineSettings:
     block_size: int = 16
-    # Memory given to the paged KV cache; 0 means size it automatically.
-    kv_cache_memory_mb: int = 512
+    # Memory given to the paged KV cache, in MiB. 0 (default): as many tokens as 512 MiB of bfloat16
+    # K/V hold, in the KV's own dtype (1 GiB for float32 K/V, which gguf-float serves with), so the
+    # pool's capacity does not depend on which weights auto picked.
+    kv_cache_memory_mb: int = 0
     max_num_seqs: int = 64
     # Per-step token budget shared by decode tokens and prefill chunks.
     max_batch_tokens: int = 512

@@ -390,11 +390,18 @@ def torch_threads(settings: Settings, env: dict[str, str] | None = None) -> int:
     return settings.engine.num_threads or int(env.get("KILN_NUM_THREADS", "0") or 0)
 
 
+# engine.kv_cache_memory_mb = 0: the pool holds as many tokens as this much bfloat16 K/V would
+AUTO_KV_MEMORY_MB = 512
+
+
 def kv_layout(settings: Settings, cfg: ModelConfig, kv_dtype: torch.dtype) -> tuple[int, int, int]:
     """(block size, blocks in the KV pool, context length) from engine.kv_cache_memory_mb and friends."""
     block_size = settings.engine.block_size
-    per_block = KVCache.bytes_per_block(cfg, block_size, kv_dtype)
-    num_blocks = max(4, settings.engine.kv_cache_memory_mb * 2**20 // per_block)
+    memory_mb = settings.engine.kv_cache_memory_mb
+    if memory_mb:
+        num_blocks = max(4, memory_mb * 2**20 // KVCache.bytes_per_block(cfg, block_size, kv_dtype))
+    else:
+        num_blocks = max(4, AUTO_KV_MEMORY_MB * 2**20 // KVCache.bytes_per_block(cfg, block_size, torch.bfloat16))
     max_len = min(cfg.max_position_embeddings, num_blocks * block_size)
     if settings.engine.max_model_len:
         max_len = min(max_len, settings.engine.max_model_len)
