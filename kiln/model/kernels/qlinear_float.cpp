@@ -172,6 +172,11 @@ KILN_QF_AVX2 void row_tile_avx2(const Problem& p, int64_t t, int64_t m, float* o
   constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
   const float* x = p.x + m * p.G * kGroup;
   const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  // byte i of each row's dword to the dword's bottom, the other three bytes zeroed
+  __m256i pick[4];
+  for (int i = 0; i < 4; ++i)
+    pick[i] = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(0x80808000u) | i),
+                               _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12));
   alignas(32) float acc[kRows] = {};
   for (int64_t g = 0; g < p.G; ++g) {
     const float* xg = x + g * kGroup;
@@ -195,11 +200,8 @@ KILN_QF_AVX2 void row_tile_avx2(const Problem& p, int64_t t, int64_t m, float* o
         for (int h = 0; h < 2; ++h) {
           __m256 wl, wh;
           if (Q4) {
-            const __m256i pick = _mm256_set1_epi32(static_cast<int>(0x80808000u) | i);
-            const __m256i rows = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
-            const __m256i ctl = _mm256_add_epi32(pick, rows);
-            wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vl[h], ctl));
-            wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vh[h], ctl));
+            wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vl[h], pick[i]));
+            wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vh[h], pick[i]));
           } else {
             wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl[h], 24 - 8 * i), 24));
             wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh[h], 24 - 8 * i), 24));
@@ -317,7 +319,7 @@ KILN_QF_AVX2 void unpack_avx2(const Problem& p, int64_t t, float* panel) {
 }
 
 // Group g's chains for activation rows m0..m0+MB-1 (MB <= 3) over all 16 output rows, from its slice
-// in L1, into their running sums acc[j][16] (the panel16_avx2 operations for one group).
+// in L1, into their running sums acc[j][16] (tile_scalar's operations for one group).
 template <bool Q4, int MB>
 KILN_QF_AVX2 void group_rows_avx2(const Problem& p, int64_t t, int64_t g, int64_t m0, const float* slice, float* acc) {
   constexpr int64_t SB = Q4 ? 32 : 16;
@@ -343,12 +345,12 @@ KILN_QF_AVX2 void group_rows_avx2(const Problem& p, int64_t t, int64_t g, int64_
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
     for (int j = 0; j < MB; ++j) {
       float* a = acc + j * kRows + 8 * h;
-      __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j][h], hi[j][h]), _mm256_load_ps(a));
+      __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j][h], hi[j][h]), _mm256_loadu_ps(a));
       if (Q4) {
         const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
         s = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), s);
       }
-      _mm256_store_ps(a, s);
+      _mm256_storeu_ps(a, s);
     }
   }
 }
@@ -392,8 +394,8 @@ KILN_QF_AVX512 void panel_avx512(const Problem& p, int64_t t, int64_t m0, const 
 template <bool Q4>
 void run_groups_avx2(const Problem& p, int64_t t0, int64_t t1) {
   thread_local std::vector<float> acc_buf;
-  acc_buf.resize(static_cast<size_t>(p.M * kRows + 8));
-  float* acc = acc_buf.data() + ((8 - reinterpret_cast<uintptr_t>(acc_buf.data()) / sizeof(float) % 8) % 8);
+  acc_buf.resize(static_cast<size_t>(p.M * kRows));
+  float* acc = acc_buf.data();
   alignas(32) float slice[kGroup * kRows];
   for (int64_t t = t0; t < t1; ++t) {
     std::fill(acc, acc + p.M * kRows, 0.0f);
