@@ -227,22 +227,24 @@ async def discover_model(endpoint: Endpoint) -> str | None:
     return data[0].get("id") if data else None
 
 
-async def config_model_field(endpoint: Endpoint, name: str) -> str | None:
-    """One field of the model block of the server's /v1/config answer (Kiln's resolved `quantization`),
-    None when it has none."""
+async def _json_field(endpoint: Endpoint, route: str, *keys: str) -> str | None:
+    """GET `route` and follow `keys` into its JSON answer; None when any of them is missing."""
     async with httpx.AsyncClient(timeout=30.0) as client:
         try:
-            value = ((await client.get(endpoint.base_url + "/v1/config")).json().get("model") or {}).get(name)
+            value = (await client.get(endpoint.base_url + route)).json()
+            for key in keys:
+                value = value.get(key)
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
     return None if value is None else str(value)
+
+
+async def config_model_field(endpoint: Endpoint, name: str) -> str | None:
+    """One field of the model block of the server's /v1/config answer (Kiln's resolved `quantization`),
+    None when it has none."""
+    return await _json_field(endpoint, "/v1/config", "model", name)
 
 
 async def health_field(endpoint: Endpoint, name: str) -> str | None:
     """One field of the server's /health answer (Kiln's `cpu_isa`), None when it has none."""
-    async with httpx.AsyncClient(timeout=30.0) as client:
-        try:
-            value = (await client.get(endpoint.base_url + "/health")).json().get(name)
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
-    return None if value is None else str(value)
+    return await _json_field(endpoint, "/health", name)

@@ -43,8 +43,9 @@ def register(sub) -> None:
     eng.add_argument("--max-num-seqs", type=int, help="sequences decoded together in one step (default 64)")
     eng.add_argument("--max-model-len", type=int,
                      help="context length ceiling (default: min(the model's, what the KV pool holds))")
-    eng.add_argument("--kv-cache-memory-mb", type=int, help="memory for the paged KV cache in MiB (default 0: as many tokens as 512 MiB "
-                     "of bfloat16 K/V hold, whatever the KV's dtype)")
+    eng.add_argument("--kv-cache-memory-mb", type=int,
+                     help="memory for the paged KV cache in MiB (default 0: as many tokens as 512 MiB of "
+                     "bfloat16 K/V hold, whatever the KV's dtype)")
     eng.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     eng.add_argument("--max-batch-tokens", "--max-num-batched-tokens", dest="max_batch_tokens", type=int,
                      help="per-step token budget shared by decode tokens and prefill chunks (default 512)")

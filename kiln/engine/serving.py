@@ -398,10 +398,8 @@ def kv_layout(settings: Settings, cfg: ModelConfig, kv_dtype: torch.dtype) -> tu
     """(block size, blocks in the KV pool, context length) from engine.kv_cache_memory_mb and friends."""
     block_size = settings.engine.block_size
     memory_mb = settings.engine.kv_cache_memory_mb
-    if memory_mb:
-        num_blocks = max(4, memory_mb * 2**20 // KVCache.bytes_per_block(cfg, block_size, kv_dtype))
-    else:
-        num_blocks = max(4, AUTO_KV_MEMORY_MB * 2**20 // KVCache.bytes_per_block(cfg, block_size, torch.bfloat16))
+    budget_mb, budget_dtype = (memory_mb, kv_dtype) if memory_mb else (AUTO_KV_MEMORY_MB, torch.bfloat16)
+    num_blocks = max(4, budget_mb * 2**20 // KVCache.bytes_per_block(cfg, block_size, budget_dtype))
     max_len = min(cfg.max_position_embeddings, num_blocks * block_size)
     if settings.engine.max_model_len:
         max_len = min(max_len, settings.engine.max_model_len)

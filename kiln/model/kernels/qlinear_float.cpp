@@ -160,23 +160,62 @@ KILN_QF_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int h, flo
     for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a][j] + 8 * h, acc[a][j]);
 }
 
+// A half tile's codes at c (8 rows' dwords; the code of row r, K index 4c+i in byte i), prepared once for
+// its four K indices: q4_1 the low and high nibbles apart; q8_0 the bytes at c and c+4 with the top bit
+// flipped (code + 128 becomes the signed code).
+template <bool Q4>
+KILN_QF_AVX2 inline void prepare_codes_avx2(const uint8_t* qg, int c, int h, __m256i& vl, __m256i& vh) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32 * h));
+  if (Q4) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    vl = _mm256_and_si256(v, low4);
+    vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  } else {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    vl = _mm256_xor_si256(v, flip);
+    vh = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64 + 32 * h)), flip);
+  }
+}
+
+// The float codes of K index 4c+i (wl) and 16+4c+i (wh) of the 8 rows: for q4_1 one vpshufb moves byte i
+// of every row's dword to its bottom, zero-extended; q8_0's shifts sign-extend it.
+template <bool Q4>
+KILN_QF_AVX2 inline void codes_at_avx2(__m256i vl, __m256i vh, int i, __m256& wl, __m256& wh) {
+  if (Q4) {
+    const __m256i pick = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(0x80808000u) | i),
+                                          _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12));
+    wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vl, pick));
+    wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vh, pick));
+  } else {
+    wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl, 24 - 8 * i), 24));
+    wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh, 24 - 8 * i), 24));
+  }
+}
+
+// Group g's float pass for half h of activation row m: acc = fma(d, lo + hi, acc), then q4_1's
+// acc = fma(m, X[g], acc), on the 8 sums at acc8.
+template <bool Q4>
+KILN_QF_AVX2 inline void finish_group_avx2(const Problem& p, int64_t t, int64_t g, int64_t m, int h, __m256 lo,
+                                           __m256 hi, float* acc8) {
+  const uint16_t* sg = p.scales + (t * p.G + g) * (Q4 ? 32 : 16);
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
+  __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo, hi), _mm256_loadu_ps(acc8));
+  if (Q4) {
+    const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
+    s = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[m * p.G + g]), s);
+  }
+  _mm256_storeu_ps(acc8, s);
+}
+
 // One activation row (a decode step): both halves of a tile per pass, so each activation broadcast
 // feeds 16 output rows, and the group's running sums live in `acc` (memory: they change once per 32 K
-// values), leaving the registers to the four chains (lo and hi of each half) and the codes. The code of
-// row r, K index 4c+i sits in byte i of the row's dword: masked once per c (q4_1: low and high nibbles
-// apart), one vpshufb per i moves byte i of every row's dword to its bottom, zero-extended, for
-// vcvtdq2ps. tiles_avx2 shifts and masks per i instead (an operation more per 8 weights) and keeps
-// every tile's codes and sums in registers, which spills at one row and four tiles side by side.
+// values), leaving the registers to the four chains (lo and hi of each half) and the codes. tiles_avx2
+// shifts and masks per K index instead (an operation more per 8 weights) and keeps every tile's codes
+// and sums in registers, which spills at one row and four tiles side by side.
 template <bool Q4>
 KILN_QF_AVX2 void row_tile_avx2(const Problem& p, int64_t t, int64_t m, float* out) {
-  constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
+  constexpr int64_t QB = Q4 ? 256 : 512;
   const float* x = p.x + m * p.G * kGroup;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  // byte i of each row's dword to the dword's bottom, the other three bytes zeroed
-  __m256i pick[4];
-  for (int i = 0; i < 4; ++i)
-    pick[i] = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(0x80808000u) | i),
-                               _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12));
   alignas(32) float acc[kRows] = {};
   for (int64_t g = 0; g < p.G; ++g) {
     const float* xg = x + g * kGroup;
@@ -184,43 +223,18 @@ KILN_QF_AVX2 void row_tile_avx2(const Problem& p, int64_t t, int64_t m, float* o
     __m256 lo[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, hi[2] = {lo[0], lo[1]};
     for (int c = 0; c < 4; ++c) {
       __m256i vl[2], vh[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32 * h));
-        if (Q4) {
-          vl[h] = _mm256_and_si256(v, low4);
-          vh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        } else {
-          // q8_0 bytes are code + 128: flipping the top bit makes them the signed code
-          vl[h] = _mm256_xor_si256(v, flip);
-          vh[h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64 + 32 * h)), flip);
-        }
-      }
+      for (int h = 0; h < 2; ++h) prepare_codes_avx2<Q4>(qg, c, h, vl[h], vh[h]);
       for (int i = 0; i < 4; ++i) {
         const __m256 xl = _mm256_broadcast_ss(xg + 4 * c + i), xh = _mm256_broadcast_ss(xg + 16 + 4 * c + i);
         for (int h = 0; h < 2; ++h) {
           __m256 wl, wh;
-          if (Q4) {
-            wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vl[h], pick[i]));
-            wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vh[h], pick[i]));
-          } else {
-            wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl[h], 24 - 8 * i), 24));
-            wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh[h], 24 - 8 * i), 24));
-          }
+          codes_at_avx2<Q4>(vl[h], vh[h], i, wl, wh);
           lo[h] = _mm256_fmadd_ps(wl, xl, lo[h]);
           hi[h] = _mm256_fmadd_ps(wh, xh, hi[h]);
         }
       }
     }
-    const uint16_t* sg = p.scales + (t * p.G + g) * SB;
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
-      __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo[h], hi[h]), _mm256_load_ps(acc + 8 * h));
-      if (Q4) {
-        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
-        s = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[m * p.G + g]), s);
-      }
-      _mm256_store_ps(acc + 8 * h, s);
-    }
+    for (int h = 0; h < 2; ++h) finish_group_avx2<Q4>(p, t, g, m, h, lo[h], hi[h], acc + 8 * h);
   }
   std::memcpy(out, acc, sizeof(acc));
 }
@@ -287,26 +301,15 @@ KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float 
 // block, without paying the conversion M / 4 times. The panel's slice for group g (512 floats):
 template <bool Q4>
 KILN_QF_AVX2 void unpack_group_avx2(const Problem& p, int64_t t, int64_t g, float* dst) {
-  constexpr int64_t QB = Q4 ? 256 : 512;
-  const __m256i nib = _mm256_set1_epi32(0x0F), flip = _mm256_set1_epi32(static_cast<int>(0x80808080u));
+  const uint8_t* qg = p.qs + (t * p.G + g) * (Q4 ? 256 : 512);
   for (int h = 0; h < 2; ++h)
     for (int c = 0; c < 4; ++c) {
-      const uint8_t* qg = p.qs + (t * p.G + g) * QB + 32 * h;
-      __m256i vl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), vh = vl;
-      if (!Q4) {
-        vl = _mm256_xor_si256(vl, flip);
-        vh = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c + 4) * 64)), flip);
-      }
+      __m256i vl, vh;
+      prepare_codes_avx2<Q4>(qg, c, h, vl, vh);
       for (int i = 0; i < 4; ++i) {
         float* o = dst + ((c * 4 + i) * 2) * kRows + 8 * h;
         __m256 wl, wh;
-        if (Q4) {
-          wl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i), nib));
-          wh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(vl, 8 * i + 4), nib));
-        } else {
-          wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl, 24 - 8 * i), 24));
-          wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh, 24 - 8 * i), 24));
-        }
+        codes_at_avx2<Q4>(vl, vh, i, wl, wh);
         _mm256_storeu_ps(o, wl);
         _mm256_storeu_ps(o + kRows, wh);
       }
@@ -322,7 +325,6 @@ KILN_QF_AVX2 void unpack_avx2(const Problem& p, int64_t t, float* panel) {
 // in L1, into their running sums acc[j][16] (tile_scalar's operations for one group).
 template <bool Q4, int MB>
 KILN_QF_AVX2 void group_rows_avx2(const Problem& p, int64_t t, int64_t g, int64_t m0, const float* slice, float* acc) {
-  constexpr int64_t SB = Q4 ? 32 : 16;
   const int64_t Kp = p.G * kGroup;
   __m256 lo[MB][2], hi[MB][2];
   for (int j = 0; j < MB; ++j) lo[j][0] = lo[j][1] = hi[j][0] = hi[j][1] = _mm256_setzero_ps();
@@ -340,19 +342,8 @@ KILN_QF_AVX2 void group_rows_avx2(const Problem& p, int64_t t, int64_t g, int64_
         hi[j][1] = _mm256_fmadd_ps(wh1, xh, hi[j][1]);
       }
     }
-  const uint16_t* sg = p.scales + (t * p.G + g) * SB;
-  for (int h = 0; h < 2; ++h) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * h)));
-    for (int j = 0; j < MB; ++j) {
-      float* a = acc + j * kRows + 8 * h;
-      __m256 s = _mm256_fmadd_ps(d, _mm256_add_ps(lo[j][h], hi[j][h]), _mm256_loadu_ps(a));
-      if (Q4) {
-        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 16 + 8 * h)));
-        s = _mm256_fmadd_ps(mv, _mm256_set1_ps(p.xsum[(m0 + j) * p.G + g]), s);
-      }
-      _mm256_storeu_ps(a, s);
-    }
-  }
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < MB; ++j) finish_group_avx2<Q4>(p, t, g, m0 + j, h, lo[j][h], hi[j][h], acc + j * kRows + 8 * h);
 }
 
 template <bool Q4, int MB>
