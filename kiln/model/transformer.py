@@ -79,9 +79,16 @@ class _StepContext:
     prefill_masks: list[Tensor | None]   # [n*groups, L] bool per chunk, None for a chunk with no prefix
     lora: LoraDelta | None = None   # set only when some token of the step uses an adapter
     kernels: Any = None   # the C++ ops (CPU): decodes then need no mask, their slots and lengths suffice
-    # per chunk, when its attention runs on the kernels: every query's slot row (one row, stride 0)
-    # and context length (causal: query i of n over L positions sees L - n + i + 1)
-    chunk_rows: list[tuple[Tensor, Tensor]] | None = None
+    # per chunk, for its first queries that attend on the kernels (None: none does): every such
+    # query's slot row (one row, stride 0) and context length (query i of n over L positions sees
+    # L - n + i + 1); prefill_masks then cover the chunk's other queries
+    chunk_rows: list[tuple[Tensor, Tensor] | None] | None = None
+
+
+def _dense_rows(t: Tensor) -> Tensor:
+    """`t` `[T, H, D]` itself when each token's row is dense (a row view of a fused projection's
+    output is), else a contiguous copy: what the kernels' rotary and attention read."""
+    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
 
 
 def project(linear: nn.Linear, x: Tensor, lora: LoraDelta | None, layer: int, name: str,
@@ -180,8 +187,9 @@ class Attention(nn.Module):
         kern = ctx.kernels
         if kern is not None and ctx.cos.dtype == k_cache.dtype:
             q, k, v = self._qkv(x, None, None, ctx.lora, packed_ok=True)
-            # the kernels read q and the cache in one dtype (and no decode mask was built for torch)
-            q, k, v = (t.to(k_cache.dtype).contiguous() for t in (q, k, v))
+            # the kernels read q and the cache in one dtype (and no decode mask was built for torch);
+            # they take each token's [H, D] row where it lies, as a row view of the fused projection
+            q, k, v = (_dense_rows(t.to(k_cache.dtype)) for t in (q, k, v))
             kern.rope_and_cache(q, k, v, ctx.cos, ctx.sin, k_cache, v_cache, attn.slot_mapping)
         else:
             q, k, v = self._qkv(x, ctx.cos, ctx.sin, ctx.lora, packed_ok=True)
@@ -198,14 +206,19 @@ class Attention(nn.Module):
                                               attn.decode_context_lens, scale))
         elif bd:
             parts.append(self._decode(q[:bd], attn.decode_context_slots, ctx.decode_mask, k_cache, v_cache))
-        # Chunks run on the kernel where kernels.chunk_attention_on_kernel() says it is the faster
-        # (each query then gets exactly the bits a decode of it would); elsewhere on torch's SDPA.
+        # A chunk's queries below kernels.chunk_attention_kernel_positions() run on the kernel (each
+        # then gets exactly the bits a decode of it would), the rest on torch's SDPA.
         for i, (chunk, mask) in enumerate(zip(attn.prefills, ctx.prefill_masks, strict=True)):
-            sl = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            if ctx.chunk_rows is not None:
+            start, n = chunk.query_start, chunk.query_len
+            on_kernel = 0
+            if ctx.chunk_rows is not None and ctx.chunk_rows[i] is not None:
                 slots, lens = ctx.chunk_rows[i]
-                parts.append(kern.paged_attention(q[sl], k_cache, v_cache, slots, lens, scale))
-            elif mask is None:
+                on_kernel = lens.numel()
+                parts.append(kern.paged_attention(q[start:start + on_kernel], k_cache, v_cache, slots, lens, scale))
+            if on_kernel == n:
+                continue
+            sl = slice(start + on_kernel, start + n)
+            if mask is None:
                 parts.append(self._prefill_fresh(q[sl], k[sl], v[sl]))
             else:
                 ck = k_cache.index_select(0, chunk.context_slots)
@@ -455,22 +468,23 @@ class Transformer(nn.Module):
             ar = torch.arange(lmax, device=positions.device)
             decode_mask = (ar[None, :] < attn.decode_context_lens[:, None]).view(bd, 1, 1, lmax)
         groups = self.config.num_query_groups
+        on_kernel = kernels.chunk_attention_kernel_positions() if kern is not None and attn.prefills else 0
         prefill_masks: list[Tensor | None] = []
-        if kern is not None and attn.prefills and kernels.chunk_attention_on_kernel():
-            rows = []
-            for chunk in attn.prefills:
-                n, length = chunk.query_len, chunk.context_len
-                rows.append((chunk.context_slots.view(1, length).expand(n, length),
-                             torch.arange(length - n + 1, length + 1, dtype=torch.int64)))
-            return _StepContext(cos, sin, attn, decode_mask, [None] * len(rows), kernels=kern, chunk_rows=rows)
+        rows: list[tuple[Tensor, Tensor] | None] = []
         for chunk in attn.prefills:
             n, length = chunk.query_len, chunk.context_len
-            if n == length:
+            first = length - n   # the chunk's first query's position
+            k = min(n, max(0, on_kernel - first))   # its queries that attend on the kernel
+            rows.append((chunk.context_slots.view(1, length).expand(k, length),
+                         torch.arange(first + 1, first + k + 1, dtype=torch.int64)) if k else None)
+            if k == n or (k == 0 and n == length):
                 prefill_masks.append(None)
                 continue
-            q_pos = torch.arange(length - n, length, device=positions.device)
+            q_pos = torch.arange(first + k, length, device=positions.device)
             mask = torch.arange(length, device=positions.device)[None, :] <= q_pos[:, None]
             prefill_masks.append(mask.repeat_interleave(groups, dim=0))
+        if any(r is not None for r in rows):
+            return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern, chunk_rows=rows)
         return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern)
 
     def forward_dense(self, input_ids: Tensor, attention_mask: Tensor | None = None,

@@ -16,15 +16,16 @@ from .conftest import TinyModel
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True, params=["kernels", "kernels, chunks on torch", "torch"])
+@pytest.fixture(autouse=True, params=["kernels", "kernels, chunks split", "kernels, chunks on torch", "torch"])
 def serving_ops(request, monkeypatch):
     """Every paged test runs on the C++ decode ops (norm, paged attention), with prompt chunks on the
-    kernels' attention and on torch's (whichever ISA the CPU runs), and on the torch ops alone."""
+    kernels' attention, split between the kernel (a prompt's first 6 positions) and torch's SDPA, and
+    on torch's alone (whichever ISA the CPU runs), and on the torch ops alone."""
     if request.param.startswith("kernels"):
         if kernels.load() is None:
             pytest.skip(f"kernels unavailable: {kernels.load_error()}")
-        on_kernel = request.param == "kernels"
-        monkeypatch.setattr(kernels, "chunk_attention_on_kernel", lambda: on_kernel)
+        positions = {"kernels": 1 << 62, "kernels, chunks split": 6, "kernels, chunks on torch": 0}[request.param]
+        monkeypatch.setattr(kernels, "chunk_attention_kernel_positions", lambda: positions)
     else:
         monkeypatch.setattr(transformer_module, "cpu_kernels", lambda x: None)
     return request.param
@@ -145,3 +146,21 @@ def test_bfloat16_paged_path_tracks_the_dense_path(tiny_llama: TinyModel) -> Non
         dense = model.forward_dense(torch.tensor([ids]))[0]
     assert torch.cat(got).dtype == torch.float32
     torch.testing.assert_close(torch.cat(got), dense, atol=0.05, rtol=0.05)
+
+
+def test_a_prompts_logits_do_not_depend_on_how_it_was_chunked(tiny: TinyModel) -> None:
+    """Chunks of 4, 7 and 14 queries (the first two straddling the split's line at position 6) give
+    what the whole prompt in one chunk gives. (The tiny models' projections are torch's, whose sums
+    depend on the row count, so within a rounding, not bit for bit.)"""
+    model = tiny.ours
+    ids = torch.randint(0, 96, (25,), generator=torch.Generator().manual_seed(8)).tolist()
+    table = [9, 3, 14, 0, 7, 11, 2]
+    whole_cache = KVCache(model.config, num_blocks=16, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    split_cache = KVCache(model.config, num_blocks=16, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        whole = _step(model, whole_cache, [(table, ids, 0)])[0]
+        split = torch.cat(_step(model, split_cache, [(table, ids[:4], 0)])
+                          + _step(model, split_cache, [(table, ids[:11], 4)])
+                          + _step(model, split_cache, [(table, ids, 11)]))
+    torch.testing.assert_close(split, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(split_cache.storage, whole_cache.storage, atol=1e-5, rtol=1e-5)

@@ -226,14 +226,24 @@ def dense_bf16_fast() -> bool:
     return active_isa() != "scalar" or isa_forced()
 
 
-def chunk_attention_on_kernel() -> bool:
-    """Whether prompt chunks attend through the kernels' paged attention rather than torch's SDPA:
-    on the AVX-512 path, where it measured 1.7-4x faster at every chunk size and depth tried, 16 to 512
-    queries over 0 to 3,500 earlier positions (AMD EPYC: a fresh 512-token chunk 1.7 vs 5.0 ms a layer,
-    512 queries over 3,500 positions 18.6 vs 35.2 ms, 64 over 1,900 1.45 vs 2.44 ms).
-    On AVX2 the kernel, which reads a token's K/V rows once per query, lost to torch's blocked GEMMs
-    over deep contexts (48 vs 36 ms there), so torch keeps the chunks."""
-    return active_isa() == "avx512"
+# How many leading positions of a prompt attend on the kernel on AVX2 (kernel vs SDPA, 2-core Zen 2:
+# fresh prompts of 5 x 100 tokens 42 vs 69 ms a step, 1 x 500 143 vs 177 ms; 1 x 1024 544 vs 504 ms).
+AVX2_KERNEL_POSITIONS = 512
+
+
+def chunk_attention_kernel_positions() -> int:
+    """Prompt queries at positions below this attend through the kernels' paged attention, the rest
+    on torch's SDPA. On the AVX-512 path every query (1.7-4x faster at every chunk size and depth
+    tried, 16 to 512 queries over 0 to 3,500 earlier positions: AMD EPYC, a fresh 512-token chunk 1.7
+    vs 5.0 ms a layer, 512 queries over 3,500 positions 18.6 vs 35.2 ms). On AVX2 the kernel, which
+    reads a query's K/V rows for that query alone, wins over shallow contexts (its fixed cost is
+    lower) and loses to torch's blocked GEMMs over deep ones, so the first AVX2_KERNEL_POSITIONS.
+    The rule is by position, not by chunk, so a query's bits never depend on how its prompt was
+    chunked or cached: it attends as a decode of it would below the line, on SDPA above."""
+    isa = active_isa()
+    if isa == "avx512":
+        return 1 << 62
+    return AVX2_KERNEL_POSITIONS if isa == "avx2" else 0
 
 
 def isa_report() -> dict[str, object]:
