@@ -114,3 +114,13 @@ def test_the_report_names_the_isa_in_use() -> None:
     assert report["isa"] == "scalar"
     assert report["cpu_isas"] == kernels.cpu_isas()
     assert report["kernels"] in ("ready", "not built", "unavailable")
+
+
+@pytest.mark.parametrize("isa", kernels.cpu_isas())
+def test_prompt_queries_attend_on_the_kernel_as_deep_as_the_isa_says(isa: str) -> None:
+    # AVX-512: every prompt position; AVX2: the first AVX2_KERNEL_POSITIONS (torch's SDPA wins deeper);
+    # scalar: none (torch's SDPA is the faster there)
+    want = {"avx512": 1 << 62, "avx2": kernels.AVX2_KERNEL_POSITIONS, "scalar": 0}[isa]
+    with kernels.using_isa(isa):
+        assert kernels.chunk_attention_kernel_positions() == want
+    assert 0 < kernels.AVX2_KERNEL_POSITIONS < 1 << 62
