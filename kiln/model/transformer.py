@@ -483,9 +483,8 @@ class Transformer(nn.Module):
             q_pos = torch.arange(first + k, length, device=positions.device)
             mask = torch.arange(length, device=positions.device)[None, :] <= q_pos[:, None]
             prefill_masks.append(mask.repeat_interleave(groups, dim=0))
-        if any(r is not None for r in rows):
-            return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern, chunk_rows=rows)
-        return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern)
+        return _StepContext(cos, sin, attn, decode_mask, prefill_masks, kernels=kern,
+                            chunk_rows=rows if any(r is not None for r in rows) else None)
 
     def forward_dense(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                       lora: LoraDelta | None = None) -> Tensor:
