@@ -415,6 +415,7 @@ void run_groups_avx2(const Problem& p, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     std::fill(acc, acc + p.M * kRows, 0.0f);
     for (int64_t g = 0; g < p.G; ++g) {
+      prefetch_ahead<Q4>(p, t, g);
       unpack_group_avx2<Q4>(p, t, g, slice);
       int64_t m0 = 0;
       for (; m0 + 3 <= p.M; m0 += 3) group_rows_avx2<Q4, 3>(p, t, g, m0, slice, acc + m0 * kRows);
