@@ -38,13 +38,14 @@ constexpr int64_t Q4_1 = 0;
 constexpr int kRows = 16;
 constexpr int kGroup = 32;
 constexpr int kMaxMB = 4;
-// How far ahead of the group in use the few-row passes (row_tile_avx2, tiles_avx2, tiles_avx512)
+// How far ahead of the group in use the one- and few-row passes (row_tile_avx2, tiles_avx2, tiles_avx512)
 // prefetch the weights' codes and scales. Without it they ran at half their in-cache rate on weights
 // streamed from memory: each 4 KB page restarts the hardware prefetcher, and these passes spend too
 // long per byte for the misses to overlap. Measured on a 2-core Intel Xeon (2 threads, 200 distinct
 // 1536x576 q4_1 weights, us a weight): AVX2 one row 70.6 -> 30-38, 2 rows 65 -> 53, 3 rows 92 -> 56-61,
 // 4 rows 93 -> 69-75, AVX-512 one row 48 -> 36; the embedded model's AVX2 one-row step 9.4-13 ->
-// 5.4-5.6 ms (p50), 2 KB ahead 5.6, 8 KB 5.8.
+// 5.4-5.6 ms (p50), 2 KB ahead 5.6, 8 KB 5.8. The AVX2 many-row pass (run_groups_avx2) prefetches
+// too (8 rows 129 -> 118 us, its in-cache rate); the AVX-512 one (run_panel_x86) gained nothing.
 constexpr int64_t kPrefetchBytes = 4096;
 
 inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
