@@ -421,14 +421,13 @@ KILN_BF16 void coded_rows_avx512(const Problem& p, const Coded& c, int64_t t, in
   const uint16_t* x = p.x + m0 * p.P * 2;
   for (int64_t g = 0; g < c.G; ++g) {
     __m512 d[NT], m[NT];
-    // kCodedAheadBytes of codes ahead in each tile's stream; past a tile's end, in the tile this pass
-    // reads next (NT on: the next tile's start is being read beside this one already)
-    const int64_t ga = g + kCodedAheadBytes / c.code_bytes(), ta = ga >= c.G ? NT : 0, gn = ga >= c.G ? ga - c.G : ga;
     for (int i = 0; i < NT; ++i) {
       group_scales_avx512<KIND>(c.group_scales(t + i, g), &d[i], &m[i]);
+      // kCodedAheadBytes of codes ahead in this tile's stream, or in the tile this pass reads next
+      const int64_t at = kiln::group_ahead(t + i, g, c.G, kCodedAheadBytes / c.code_bytes(), NT);
       for (int64_t b = 0; b < c.code_bytes(); b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c.group_codes(t + i + ta, gn) + b), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(c.group_scales(t + i + ta, gn)), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c.codes + at * c.code_bytes() + b), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c.scales + at * c.scale_halfs()), _MM_HINT_T0);
     }
     for (int q = 0; q < 16; ++q) {
       __m512bh xv[MB];

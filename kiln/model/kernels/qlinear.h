@@ -19,6 +19,14 @@ inline float bf16_bits_to_float(uint16_t b) {
 
 inline float half_bits_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
+// The index (tile * G + group) of the group `ahead` groups past group g of tile t in tiled weights, for a
+// pass that reads `nt` consecutive tiles side by side: past tile t's end, in tile t + nt (the one the
+// pass reads next; tile t + 1 is being read beside t already). Where weight prefetches aim.
+inline int64_t group_ahead(int64_t t, int64_t g, int64_t G, int64_t ahead, int64_t nt) {
+  const int64_t ga = g + ahead;
+  return ga >= G ? (t + nt) * G + ga - G : t * G + ga;
+}
+
 // Round to nearest even like c10::BFloat16 (NaN -> 0x7FC0).
 inline uint16_t float_to_bf16_bits(float f) {
   if (f != f) return 0x7FC0;

@@ -111,14 +111,11 @@ void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
 #define KILN_QF_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KILN_QF_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-// The codes and scales of the group kPrefetchBytes of codes ahead of tile t's group g, for a pass that
-// reads `nt` consecutive tiles side by side: past the tile's end, the tile the pass reads next.
+// The codes and scales of the group kPrefetchBytes of codes ahead of tile t's group g (kiln::group_ahead).
 template <bool Q4>
 inline void prefetch_ahead(const Problem& p, int64_t t, int64_t g, int nt = 1) {
   constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
-  const int64_t ga = g + kPrefetchBytes / QB;
-  if (ga >= p.G) t += nt - 1;
-  const int64_t at = t * p.G + ga;
+  const int64_t at = kiln::group_ahead(t, g, p.G, kPrefetchBytes / QB, nt);
   for (int64_t b = 0; b < QB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p.qs + at * QB + b), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(p.scales + at * SB), _MM_HINT_T0);
 }
