@@ -308,8 +308,9 @@ def test_more_threads_give_the_same_result() -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-def test_a_wide_batch_on_two_threads_equals_each_row_alone(kind: str) -> None:
-    # 64 rows: the chunks of tiles shrink to single tiles at the end, which may change no bit of any row
+def test_a_wide_batch_on_two_threads_equals_each_row_alone(kind: str, each_isa: str) -> None:
+    # 64 rows: the chunks of tiles shrink to single tiles at the end, and the rows' quantization is
+    # shared out on the pool, neither of which may change a bit of any row
     packed = pack(kind, weight(1000, 576))
     x = activations(64, 576, torch.float32, seed=5)
     assert same_with_one_and_two_threads(packed, x)
