@@ -107,8 +107,6 @@ class ModelRunner:
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         lora = build_lora_step([it.seq.lora_slot for it in out.items], [it.num_new_tokens for it in out.items],
                                attn.num_decode_tokens, self.device)
-        hidden = self.model(ids_t, pos_t, attn, self.kv_cache, lora, launched=launched)
-
         rows: list[int] = []
         sampled_items = []
         offset = 0
@@ -117,12 +115,12 @@ class ModelRunner:
             if item.sample:
                 rows.append(offset - 1)
                 sampled_items.append(item)
+        # the model computes past the last layer's K/V only the rows that sample
+        hidden = self.model(ids_t, pos_t, attn, self.kv_cache, lora, launched=launched, out_rows=rows)
         if not rows:
             (forward_ms,) = clock.finish()
             return {}, StepTiming(forward_ms, 0.0, 0.0, had_prefill)
-        # a decode-only step samples every row: no gather (an indexing op costs more than the copy)
-        picked = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
-        logits = self.model.compute_logits(picked, packed_ok=True)
+        logits = self.model.compute_logits(hidden, packed_ok=True)
         clock.mark()
         seqs = [it.seq for it in sampled_items]
         tokens, logprobs = self.sampler(

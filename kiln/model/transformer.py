@@ -182,7 +182,9 @@ class Attention(nn.Module):
             return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def forward_paged(self, x: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor,
+                      rows: Tensor | None = None) -> Tensor:
+        """Every token's K/V into the cache; the attention output of `rows` only (None: all tokens)."""
         attn = ctx.attn
         kern = ctx.kernels
         if kern is not None and ctx.cos.dtype == k_cache.dtype:
@@ -225,6 +227,8 @@ class Attention(nn.Module):
                 cv = v_cache.index_select(0, chunk.context_slots)
                 parts.append(self._prefill_with_context(q[sl], ck, cv, mask))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if rows is not None:
+            out = out.index_select(0, rows)
         return project(self.o_proj, out.to(x.dtype), ctx.lora, self.layer_idx, "o_proj", packed_ok=True)
 
     def _decode(self, q: Tensor, slots: Tensor, mask: Tensor | None, k_cache: Tensor, v_cache: Tensor) -> Tensor:
@@ -308,6 +312,16 @@ class MLP(nn.Module):
         return project(self.down_proj, silu_mul(gate, up, packed_ok), lora, li, "down_proj", packed_ok)
 
 
+def _residual(h: Tensor, delta: Tensor) -> Tensor:
+    """h + delta; in place, on the kernels' pool, where they run (the serving path's h is its own)."""
+    module = cpu_kernels(h)
+    if (module is None or h.dtype != delta.dtype or h.dtype not in (torch.float32, torch.bfloat16)
+            or h.shape != delta.shape or not h.is_contiguous() or not delta.is_contiguous()):
+        return h + delta
+    module.add_inplace(h, delta)
+    return h
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0, **factory: Any) -> None:
         super().__init__()
@@ -316,9 +330,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
-    def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        h = h + self.self_attn.forward_paged(self.input_layernorm.fast(h), ctx, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm.fast(h), ctx.lora, packed_ok=True)
+    def forward_paged(self, h: Tensor, ctx: _StepContext, k_cache: Tensor, v_cache: Tensor,
+                      rows: Tensor | None = None) -> Tensor:
+        """`rows` (None: all): the tokens whose output is wanted; the others only fill the cache."""
+        a = self.self_attn.forward_paged(self.input_layernorm.fast(h), ctx, k_cache, v_cache, rows)
+        h = _residual(h if rows is None else h.index_select(0, rows), a)
+        return _residual(h, self.mlp(self.post_attention_layernorm.fast(h), ctx.lora, packed_ok=True))
 
     def forward_dense(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                       lora: LoraDelta | None = None) -> Tensor:
@@ -422,11 +439,17 @@ class Transformer(nn.Module):
         self._tie()
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionMetadata, kv_cache: KVCache,
-                lora: LoraStep | None = None, launched: Callable[[], None] | None = None) -> Tensor:
-        """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`.
+                lora: LoraStep | None = None, launched: Callable[[], None] | None = None,
+                out_rows: list[int] | None = None) -> Tensor:
+        """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`,
+        or with a non-empty `out_rows` (flat indices, in order) those tokens' rows only.
 
         `lora` routes tokens to adapter slots of `self.lora_bank` (None: every token uses the base).
-        `launched` is called just before the layers run (on the C++ stack: without the GIL)."""
+        `launched` is called just before the layers run (on the C++ stack: without the GIL).
+        With `out_rows` the last layer still writes every token's K/V, but its attention output,
+        o_proj and MLP run for those rows only (as llama.cpp does for the tokens it does not sample):
+        a prompt chunk's other tokens need nothing past their last K/V. Each row's values are the
+        ones the full batch gives it (every op is row-wise), so nothing else changes."""
         with torch.no_grad():
             ctx = self._step_context(positions, attn)
             if lora is not None and self.lora_bank is not None:
@@ -440,8 +463,14 @@ class Transformer(nn.Module):
                                   attn.decode_context_slots, attn.decode_context_lens, self.config.head_dim ** -0.5,
                                   *_stack_lora(ctx.lora))
             else:
+                last = len(self.model.layers) - 1
+                # adapters route by the step's token layout, so a step with any keeps every row
+                rows = (torch.tensor(out_rows, dtype=torch.long, device=h.device)
+                        if out_rows is not None and 0 < len(out_rows) < h.shape[0] and ctx.lora is None else None)
                 for i, layer in enumerate(self.model.layers):
-                    h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i])
+                    h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i], rows if i == last else None)
+            if out_rows and len(out_rows) < h.shape[0]:
+                h = h.index_select(0, torch.tensor(out_rows, dtype=torch.long, device=h.device))
             return self.model.norm.fast(h)
 
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:

@@ -164,3 +164,36 @@ def test_a_prompts_logits_do_not_depend_on_how_it_was_chunked(tiny: TinyModel) -
                           + _step(model, split_cache, [(table, ids, 11)]))
     torch.testing.assert_close(split, whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(split_cache.storage, whole_cache.storage, atol=1e-5, rtol=1e-5)
+
+
+def _some_rows_and_the_whole_step(model: Transformer) -> tuple[torch.Tensor, torch.Tensor, KVCache, KVCache]:
+    """A mixed step (two decodes, a 13-token prompt) run whole and asked for its sampled rows only."""
+    gen = torch.Generator().manual_seed(8)
+    a = torch.randint(0, 96, (9,), generator=gen).tolist()
+    b = torch.randint(0, 96, (6,), generator=gen).tolist()
+    c = torch.randint(0, 96, (13,), generator=gen).tolist()
+    tables = {"a": [1, 2, 3], "b": [4, 5], "c": [8, 9, 10, 11]}
+
+    def run(out_rows: list[int] | None) -> tuple[torch.Tensor, KVCache]:
+        cache = KVCache(model.config, 12, BLOCK, model.dtype, "cpu")
+        _step(model, cache, [(tables["a"], a[:-1], 0)])
+        _step(model, cache, [(tables["b"], b[:-1], 0)])
+        meta, positions = build_attention_metadata(
+            [(tables["a"], len(a) - 1, 1), (tables["b"], len(b) - 1, 1), (tables["c"], 0, len(c))], BLOCK, "cpu")
+        flat = [a[-1], b[-1], *c]
+        with torch.inference_mode():
+            hidden = model(torch.tensor(flat), torch.tensor(positions), meta, cache, out_rows=out_rows)
+        return hidden, cache
+
+    whole, whole_cache = run(None)
+    some, some_cache = run([0, 1, 2 + len(c) - 1])
+    return some, whole[[0, 1, 2 + len(c) - 1]], some_cache, whole_cache
+
+
+def test_a_step_asked_for_its_sampled_rows_gives_those_rows_and_fills_the_same_cache(tiny: TinyModel) -> None:
+    # the last layer runs past its K/V for those rows alone (torch's float32 matmul may round a
+    # smaller batch differently: the kernels' paths are bit for bit, tests/model/test_quant_model.py)
+    some, want, some_cache, whole_cache = _some_rows_and_the_whole_step(tiny.ours)
+    assert some.shape == want.shape == (3, tiny.ours.config.hidden_size)
+    torch.testing.assert_close(some, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(some_cache.storage, whole_cache.storage)

@@ -119,3 +119,19 @@ def test_auto_serves_dense_weights_where_nothing_is_packable(tmp_path, tiny_llam
     assert resolve_quantization(tiny_llama.path) == "none"
     _, weights = load_model(path, dtype="float32", quantization="auto")
     assert weights.quantization == "none"
+
+
+def test_gguf_step_asked_for_its_sampled_rows_gives_them_bit_for_bit(tmp_path):
+    # the quantized kernels are batch invariant, so skipping the last layer's other rows changes no bit
+    from kiln.model import kernels
+
+    from .test_paged import _some_rows_and_the_whole_step
+
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
+    model, _ = load_model(path, dtype="bfloat16", quantization="gguf")
+    some, want, some_cache, whole_cache = _some_rows_and_the_whole_step(model)
+    assert torch.equal(some, want)
+    assert torch.equal(some_cache.storage, whole_cache.storage)
