@@ -425,6 +425,9 @@ KILN_ATTN_AVX512 void split_avx512(const T* qh, float sc, const T* k_cache, cons
   for (int64_t g0 = 0; g0 < groups; g0 += HB) {
     const int64_t hb = std::min<int64_t>(HB, groups - g0);
     const T* qg = qh + g0 * d;
+    // each pass asks for rows kAheadRows ahead of itself: ask for the first ones of both now
+    prefetch_rows(k_cache, slot, 0, std::min<int64_t>(n, kAheadRows), hk, hkv, d);
+    prefetch_rows(v_cache, slot, 0, std::min<int64_t>(n, kAheadRows), hk, hkv, d);
     if constexpr (std::is_same<T, c10::BFloat16>::value) {
       if (bf16_dot) {
         switch (nv) {
@@ -595,6 +598,8 @@ KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T*
     _mm256_storeu_ps(q + i + 8, _mm256_mul_ps(b, scv));
   }
   const int64_t ss = kSplitMax + 8;
+  // the pass below asks for rows kAheadRows ahead of itself: ask for its first ones now
+  prefetch_rows(k_cache, slot, 0, std::min<int64_t>(n, kAheadRows), hk, hkv, d);
   // scores, 8 positions at a time (rows past n repeat the last one; their lanes are masked), for up
   // to 3 heads per pass over the block's K rows
   for (int64_t b = 0; b < n; b += 8) {
@@ -611,7 +616,9 @@ KILN_ATTN_AVX2 void split_avx2(const T* qh, float sc, const T* k_cache, const T*
       }
     }
   }
-  // softmax numerators in place (0 past n), each head's max and sum into the record
+  // softmax numerators in place (0 past n), each head's max and sum into the record, while the V
+  // pass's first rows are on their way
+  prefetch_rows(v_cache, slot, 0, std::min<int64_t>(n, kAheadRows), hk, hkv, d);
   for (int64_t g = 0; g < groups; ++g) {
     float* sg = sbuf.data() + g * ss;
     __m256 mx = _mm256_set1_ps(-INFINITY);
