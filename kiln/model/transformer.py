@@ -455,6 +455,8 @@ class Transformer(nn.Module):
             if lora is not None and self.lora_bank is not None:
                 ctx.lora = BankRouting(self.lora_bank, lora)
             h = self.model.embed_tokens(input_ids)
+            index = (torch.tensor(out_rows, dtype=torch.long, device=h.device)
+                     if out_rows and len(out_rows) < h.shape[0] else None)
             stack = self._stack_for(ctx, h, kv_cache)
             if launched is not None:
                 launched()
@@ -465,12 +467,11 @@ class Transformer(nn.Module):
             else:
                 last = len(self.model.layers) - 1
                 # adapters route by the step's token layout, so a step with any keeps every row
-                rows = (torch.tensor(out_rows, dtype=torch.long, device=h.device)
-                        if out_rows is not None and 0 < len(out_rows) < h.shape[0] and ctx.lora is None else None)
+                rows = index if ctx.lora is None else None
                 for i, layer in enumerate(self.model.layers):
                     h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i], rows if i == last else None)
-            if out_rows and len(out_rows) < h.shape[0]:
-                h = h.index_select(0, torch.tensor(out_rows, dtype=torch.long, device=h.device))
+            if index is not None and h.shape[0] != index.numel():
+                h = h.index_select(0, index)
             return self.model.norm.fast(h)
 
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:

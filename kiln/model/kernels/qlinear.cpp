@@ -812,9 +812,6 @@ constexpr int64_t kQuantizeChunk = 8192;   // elements per chunk
 void quantize_rows_shared(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
                           float* xd, float* xs, int32_t* xi) {
   const int64_t rows = std::max<int64_t>(1, kQuantizeChunk / std::max<int64_t>(1, K));
-  const int64_t chunks = ceil_div(M, rows);
-  const int helpers = at::in_parallel_region() ? 0 : at::get_num_threads() - 1;
-  if (chunks < 2 || helpers <= 0) return quantize_rows(isa, x, bf16, M, K, G, xq, xd, xs, xi);
   struct Job {
     int64_t isa;
     const char* x;
@@ -824,7 +821,8 @@ void quantize_rows_shared(int64_t isa, const void* x, bool bf16, int64_t M, int6
     float *xd, *xs;
     int32_t* xi;
   } job{isa, static_cast<const char*>(x), bf16, M, K, G, rows, xq, xd, xs, xi};
-  pool().run(chunks, helpers, [](const void* ctx, int64_t c) {
+  // one chunk, or no helper threads: the pool runs it inline
+  kiln::parallel_chunks(ceil_div(M, rows), [](const void* ctx, int64_t c) {
     const Job& j = *static_cast<const Job*>(ctx);
     const int64_t m0 = c * j.rows, mb = std::min(j.rows, j.M - m0);
     quantize_rows(j.isa, j.x + m0 * j.K * (j.bf16 ? 2 : 4), j.bf16, mb, j.K, j.G, j.xq + m0 * j.G * kGroup,
