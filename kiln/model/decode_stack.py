@@ -8,7 +8,9 @@ copy. The serving path's layers (kiln/model/transformer.py) then quantize or wid
 once per group instead of once per projection, and the stack multiplies with the same weights:
 outputs are per output row, so fusing changes no value.
 
-The stack runs all decoder layers of a decode-only step in one call. It needs every layer fused and
+The stack runs all decoder layers of a step in one call when every token of it attends on the
+kernels' paged attention: decodes, and prompt chunks whose queries all sit below the kernels' line
+(kernels.chunk_attention_kernel_positions). It needs every layer fused and
 its other projections packed (q4_1 / q8_0) or every one tiled (bf16), and no q/k norm (qwen3 keeps
 the Python path).
 """

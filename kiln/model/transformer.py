@@ -63,8 +63,8 @@ class RMSNorm(nn.Module):
 
 # module-level name (not a direct call) so tests can force the torch ops
 cpu_kernels = kernels.for_tensor
-# decode-only steps of a packed or bf16-tiled model run every layer in one C++ call (tests turn it off
-# to compare)
+# steps of a packed or bf16-tiled model whose every token attends on the kernel (decodes, short
+# prompts) run every layer in one C++ call (tests turn it off to compare)
 use_decode_stack = True
 
 
@@ -132,6 +132,30 @@ def _stack_takes(lora: LoraDelta | None) -> bool:
     """The stack adds adapters' deltas itself only for a serving bank the BGMV kernel reads."""
     return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in KERNEL_DTYPES
                             and not lora.step.segments)
+
+
+def _prompts_on_kernel(ctx: _StepContext) -> bool:
+    """Every query of every prompt chunk of the step attends on the kernel."""
+    rows = ctx.chunk_rows
+    return rows is not None and all(r is not None and r[1].numel() == c.query_len
+                                    for r, c in zip(rows, ctx.attn.prefills, strict=True))
+
+
+def _step_context_rows(ctx: _StepContext) -> tuple[Tensor, Tensor]:
+    """paged_attention's slots `[T, L]` and lengths `[T]` for every token of a step that attends on
+    the kernel: the decodes' rows, then each prompt chunk's shared row once per query."""
+    attn = ctx.attn
+    if not attn.prefills:
+        return attn.decode_context_slots, attn.decode_context_lens
+    parts = [(attn.decode_context_slots, attn.decode_context_lens)] if attn.num_decode_tokens else []
+    parts += [r for r in ctx.chunk_rows or () if r is not None]
+    slots = torch.zeros((sum(int(n.numel()) for _, n in parts), max(int(s.shape[1]) for s, _ in parts)),
+                        dtype=torch.int64, device=attn.slot_mapping.device)
+    row = 0
+    for s, _ in parts:
+        slots[row:row + s.shape[0], :s.shape[1]] = s
+        row += s.shape[0]
+    return slots, torch.cat([n for _, n in parts])
 
 
 def _stack_lora(lora: LoraDelta | None) -> tuple[Any, list[Tensor | None], list[Tensor | None]]:
@@ -461,9 +485,10 @@ class Transformer(nn.Module):
             if launched is not None:
                 launched()
             if stack is not None:
-                h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping,
-                                  attn.decode_context_slots, attn.decode_context_lens, self.config.head_dim ** -0.5,
-                                  *_stack_lora(ctx.lora))
+                slots, lens = _step_context_rows(ctx)
+                h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping, slots, lens,
+                                  self.config.head_dim ** -0.5, *_stack_lora(ctx.lora),
+                                  out_rows=index if ctx.lora is None else None)
             else:
                 last = len(self.model.layers) - 1
                 # adapters route by the step's token layout, so a step with any keeps every row
@@ -475,10 +500,12 @@ class Transformer(nn.Module):
             return self.model.norm.fast(h)
 
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:
-        """The C++ DecodeStack when this step may use it: decodes only, adapters from the serving bank,
-        one dtype throughout."""
+        """The C++ DecodeStack when this step may use it: every token attends on the kernel (prompt
+        chunks only in steps without adapters, whose prompts route by segment), adapters from the
+        serving bank, one dtype throughout."""
         kern = ctx.kernels
-        if (kern is None or not use_decode_stack or ctx.attn.prefills or not _stack_takes(ctx.lora)
+        if (kern is None or not use_decode_stack or not _stack_takes(ctx.lora)
+                or (ctx.attn.prefills and (ctx.lora is not None or not _prompts_on_kernel(ctx)))
                 or self._decode_stack is False
                 or not (h.dtype == ctx.cos.dtype == kv_cache.dtype == self.model.norm.weight.dtype)):
             return None

@@ -1,5 +1,6 @@
-"""The C++ DecodeStack (all layers of a decode-only step in one call) computes exactly what the
-layer-by-layer path computes, so a sequence's tokens never depend on which path carried a step."""
+"""The C++ DecodeStack (all layers of a step whose tokens attend on the kernel, in one call) computes
+exactly what the layer-by-layer path computes, so a sequence's tokens never depend on which path
+carried a step."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def _packed(tmp_path, kind: str, quantization: str = "q4_1", dtype: str = "bfloa
 
 
 def _forward(model: Transformer, cache: KVCache, items: list[tuple[list[int], list[int], int]],
-             slots: list[int] | None = None) -> torch.Tensor:
-    """items: (block table, all ids so far, computed); logits of every fed token. `slots`: LoRA slot per item."""
+             slots: list[int] | None = None, out_rows: list[int] | None = None) -> torch.Tensor:
+    """items: (block table, all ids so far, computed); logits of every fed token (of `out_rows`, when
+    given). `slots`: LoRA slot per item."""
     meta, positions = build_attention_metadata([(t, c, len(ids) - c) for t, ids, c in items], BLOCK, "cpu")
     flat = [tok for _, ids, c in items for tok in ids[c:]]
     lora = None
@@ -43,7 +45,7 @@ def _forward(model: Transformer, cache: KVCache, items: list[tuple[list[int], li
         lora = build_lora_step(slots, [len(ids) - c for _, ids, c in items], meta.num_decode_tokens,
                                torch.device("cpu"))
     with torch.inference_mode():
-        hidden = model(torch.tensor(flat), torch.tensor(positions), meta, cache, lora)
+        hidden = model(torch.tensor(flat), torch.tensor(positions), meta, cache, lora, out_rows=out_rows)
         return model.compute_logits(hidden, packed_ok=True)
 
 
@@ -171,11 +173,78 @@ def test_models_the_stack_cannot_run_keep_the_layer_path(tmp_path, monkeypatch):
     assert dense32._decode_stack is False
 
 
-def test_steps_with_a_prompt_chunk_do_not_use_the_stack(tmp_path, monkeypatch):
-    model = _packed(tmp_path, "llama")
+def _mixed_run(model: Transformer, use_stack: bool, monkeypatch, sampled_only: bool = False,
+               ) -> tuple[list[torch.Tensor], KVCache]:
+    """Prompts arriving while others decode: A alone; A decoding beside B's prompt; A and B beside C's
+    first chunk, then beside C's second (over its cached first); then all three decode. With
+    `sampled_only` each step asks for the rows that sample (a decode's, a chunk's last)."""
+    monkeypatch.setattr(transformer_module, "use_decode_stack", use_stack)
     cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
-    _forward(model, cache, [(TABLES[0], [3, 4, 5], 0)])
-    assert model._decode_stack is None   # never needed, never built
+    gen = torch.Generator().manual_seed(5)
+    a, b, c = (torch.randint(0, 96, (n,), generator=gen).tolist() for n in (6, 9, 11))
+    plan = [[(a, 0, 6)], [(a, 6, 1), (b, 0, 9)], [(a, 7, 1), (b, 9, 1), (c, 0, 5)],
+            [(a, 8, 1), (b, 10, 1), (c, 5, 6)], [(a, 9, 1), (b, 11, 1), (c, 11, 1)], [(a, 10, 1), (b, 12, 1), (c, 12, 1)]]
+    seqs = {0: a, 1: b, 2: c}
+    out = []
+    for step, items in enumerate(plan):
+        fed, rows, flat = [], [], 0
+        for seq, computed, new in items:
+            i = next(k for k, v in seqs.items() if v is seq)
+            while len(seq) < computed + new:
+                seq.append((step * 11 + i * 3 + len(seq)) % 96)
+            fed.append((TABLES[i], seq[:computed + new], computed))
+            flat += new
+            rows.append(flat - 1)
+        out.append(_forward(model, cache, fed, out_rows=rows if sampled_only else None))
+    return out, cache
+
+
+def _count_stacked_prompt_steps(monkeypatch) -> list[int]:
+    """A counter of the steps with prompt chunks that the stack runs."""
+    count = [0]
+    rows = transformer_module._step_context_rows
+
+    def counting(ctx):
+        count[0] += bool(ctx.attn.prefills)
+        return rows(ctx)
+    monkeypatch.setattr(transformer_module, "_step_context_rows", counting)
+    return count
+
+
+@pytest.mark.parametrize("sampled_only", [False, True])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_steps_with_prompt_chunks_on_the_kernel_run_through_the_stack_with_identical_bits(
+        each_isa, tmp_path, monkeypatch, kind, sampled_only):
+    model = _packed(tmp_path, kind)
+    stacked_prompts = _count_stacked_prompt_steps(monkeypatch)
+    stacked, stacked_cache = _mixed_run(model, True, monkeypatch, sampled_only)
+    # on the scalar path prompts attend on SDPA, so only the decode-only steps take the stack
+    assert stacked_prompts == ([4] if kernels.chunk_attention_kernel_positions() > 0 else [0])
+    layered, layered_cache = _mixed_run(model, False, monkeypatch, sampled_only)
+    for a, b in zip(stacked, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
+def test_sampled_rows_through_the_stack_are_those_rows_of_the_whole_step(tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama")
+    whole, whole_cache = _mixed_run(model, True, monkeypatch)
+    sampled, sampled_cache = _mixed_run(model, True, monkeypatch, sampled_only=True)
+    lasts = [[5], [0, 9], [0, 1, 6], [0, 1, 7], [0, 1, 2], [0, 1, 2]]
+    for w, s, rows in zip(whole, sampled, lasts, strict=True):
+        assert torch.equal(w[rows], s)
+    assert torch.equal(whole_cache.storage, sampled_cache.storage)
+
+
+def test_prompt_queries_past_the_kernels_line_keep_the_layer_path(tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama")
+    monkeypatch.setattr(kernels, "chunk_attention_kernel_positions", lambda: 4)
+    cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
+    stacked_prompts = _count_stacked_prompt_steps(monkeypatch)
+    _forward(model, cache, [(TABLES[0], [3, 4, 5, 6, 7], 0)])   # position 4 attends on SDPA
+    assert model._decode_stack is None and stacked_prompts == [0]   # never needed, never built
+    _forward(model, cache, [(TABLES[1], [3, 4, 5, 6], 0)])      # all four below the line
+    assert stacked_prompts == [1]
 
 
 def _install_adapters(model: Transformer, modules: tuple[str, ...], dtype: torch.dtype = torch.float32) -> None:

@@ -1,5 +1,6 @@
 // DecodeStack: the decoder layers of a CPU-served model (packed q4_1 / q8_0 weights, or bfloat16 tiles
-// of the dense kernel) for steps whose every token is a decode.
+// of the dense kernel) for steps whose every token attends through paged_attention: decodes, and the
+// prompt tokens that attend on the kernel too (each with its own row of context slots and length).
 //
 // A decode step spends as long in Python's per-op overhead (about 25 small calls per layer) as in
 // the matmuls; this class runs the same sequence of calls from C++ instead:
@@ -71,8 +72,9 @@ class DecodeStack {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // h [T, hidden] -> h after every layer. kv [layers, 2, slots, Hkv, D]; cos, sin [T, D] rows;
-  // slot_mapping [T]; context_slots [T, L] and context_lens [T] as paged_attention takes them.
+  // h [T, hidden] -> h after every layer; with out_rows (an int64 index) those rows of it. kv [layers,
+  // 2, slots, Hkv, D]; cos, sin [T, D] rows; slot_mapping [T]; context_slots [T, L] and context_lens [T]
+  // as paged_attention takes them.
   // With lora_slots [T] (int64, 0 = base): lora_a / lora_b hold, per module in the order q, k, v, o,
   // gate, up, down, the bank's float32 factors [layers, S, R, in] / [layers, S, R, out], or None for a
   // module no adapter uses.
@@ -81,12 +83,16 @@ class DecodeStack {
                         const torch::Tensor& context_lens, double scale,
                         const c10::optional<torch::Tensor>& lora_slots,
                         const std::vector<c10::optional<torch::Tensor>>& lora_a,
-                        const std::vector<c10::optional<torch::Tensor>>& lora_b) const {
+                        const std::vector<c10::optional<torch::Tensor>>& lora_b,
+                        const c10::optional<torch::Tensor>& out_rows) const {
     TORCH_CHECK_VALUE(kv.dim() == 5 && kv.size(0) == num_layers() && kv.size(1) == 2,
                       "DecodeStack.forward: kv must be [layers, 2, slots, Hkv, D]");
     const bool lora = lora_slots.has_value() && lora_slots->defined();
     TORCH_CHECK_VALUE(!lora || (lora_a.size() == 7 && lora_b.size() == 7),
                       "DecodeStack.forward: lora_a and lora_b need one entry per module");
+    const bool select = out_rows.has_value() && out_rows->defined();
+    TORCH_CHECK_VALUE(!select || (!lora && out_rows->dim() == 1 && out_rows->scalar_type() == torch::kInt64),
+                      "DecodeStack.forward: out_rows is an int64 index, and not for steps with adapters");
     const int64_t T = h.size(0);
     const int64_t qn = heads_ * head_dim_, kn = kv_heads_ * head_dim_;
     // out[:, :] += x @ A[slot]^T @ B[slot] for module m of layer i, when some adapter uses it
@@ -113,7 +119,16 @@ class DecodeStack {
       auto k = qkv.narrow(1, qn, kn).view({T, kv_heads_, head_dim_});
       auto v = qkv.narrow(1, qn + kn, kn).view({T, kv_heads_, head_dim_});
       rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
-      auto attn = paged_attention(q, k_cache, v_cache, context_slots, context_lens, scale);
+      torch::Tensor attn;
+      if (select && i == num_layers() - 1) {
+        // every token's K/V is in the cache; the rest of the last layer runs for the rows asked for
+        // (row-wise ops all, so each gets the values the whole batch would give it)
+        h = h.index_select(0, *out_rows);
+        attn = paged_attention(q.index_select(0, *out_rows), k_cache, v_cache,
+                               context_slots.index_select(0, *out_rows), context_lens.index_select(0, *out_rows), scale);
+      } else {
+        attn = paged_attention(q, k_cache, v_cache, context_slots, context_lens, scale);
+      }
       auto o = L.o(attn);
       add_lora(3, i, o, attn);
       add_inplace(h, o);
@@ -164,7 +179,7 @@ class DecodeStack {
 }  // namespace
 
 void register_decode_stack(pybind11::module& m) {
-  py::class_<DecodeStack>(m, "DecodeStack", "the decoder layers of a packed or bf16-tiled model, for decode-only steps")
+  py::class_<DecodeStack>(m, "DecodeStack", "the decoder layers of a packed or bf16-tiled model, for steps that attend on the kernel")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double>(), py::arg("heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
       .def("add_layer", &DecodeStack::add_layer, py::arg("in_norm"), py::arg("post_norm"), py::arg("projections"))
@@ -172,7 +187,8 @@ void register_decode_stack(pybind11::module& m) {
       .def("forward", &DecodeStack::forward, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("kv"),
            py::arg("slot_mapping"), py::arg("context_slots"), py::arg("context_lens"), py::arg("scale"),
            py::arg("lora_slots") = py::none(), py::arg("lora_a") = std::vector<c10::optional<torch::Tensor>>(),
-           py::arg("lora_b") = std::vector<c10::optional<torch::Tensor>>(), py::call_guard<py::gil_scoped_release>());
+           py::arg("lora_b") = std::vector<c10::optional<torch::Tensor>>(), py::arg("out_rows") = py::none(),
+           py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace kiln

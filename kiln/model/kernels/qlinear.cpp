@@ -21,6 +21,7 @@
 
 #include <torch/extension.h>
 
+#include "bf16_simd.h"
 #include "decode_ops.h"
 #include "dense_bf16.h"
 #include "decode_stack.h"
@@ -366,6 +367,27 @@ KILN_AVX2 void quantize_rows_avx2(const void* x, bool bf16, int64_t M, int64_t K
   }
 }
 
+// store_row_scalar's values from registers: bias, then bfloat16 rounding or float32, 16 rows at once
+// (the scalar loop took about 3% of a 64-row step's samples); a partial last tile stays scalar.
+KILN_AVX2 inline void store_row_avx2(const Problem& p, int64_t m, int64_t t, const float* acc) {
+  const int64_t n0 = t * kRows;
+  if (p.N - n0 < kRows) return store_row_scalar(p, m, t, acc);
+  __m256 lo = _mm256_loadu_ps(acc), hi = _mm256_loadu_ps(acc + 8);
+  if (p.bias) {
+    lo = _mm256_add_ps(lo, _mm256_loadu_ps(p.bias + n0));
+    hi = _mm256_add_ps(hi, _mm256_loadu_ps(p.bias + n0 + 8));
+  }
+  if (p.out_bf16) {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + m * p.N + n0;
+    kiln::store_bf16_bits8(o, kiln::bf16_bits8(lo));
+    kiln::store_bf16_bits8(o + 8, kiln::bf16_bits8(hi));
+  } else {
+    float* o = static_cast<float*>(p.out) + m * p.N + n0;
+    _mm256_storeu_ps(o, lo);
+    _mm256_storeu_ps(o + 8, hi);
+  }
+}
+
 KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -624,7 +646,7 @@ KILN_AVX2 void tile_avx2_row(const Problem& p, int64_t t, int64_t m) {
   alignas(32) float out[kRows];
   _mm256_store_ps(out, acc[0]);
   _mm256_store_ps(out + 8, acc[1]);
-  store_row_scalar(p, m, t, out);
+  store_row_avx2(p, m, t, out);
 }
 
 template <int64_t KIND>
@@ -640,7 +662,7 @@ void tile_avx2(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
     case 7: tile_rows_avx2<KIND, 7>(p, t, m0, out); break;
     default: tile_rows_avx2<KIND, 8>(p, t, m0, out); break;
   }
-  for (int64_t j = 0; j < mb; ++j) store_row_scalar(p, m0 + j, t, out[j]);
+  for (int64_t j = 0; j < mb; ++j) store_row_avx2(p, m0 + j, t, out[j]);
 }
 
 #endif  // KILN_X86
