@@ -141,12 +141,14 @@ def _prompts_on_kernel(ctx: _StepContext) -> bool:
                                     for r, c in zip(rows, ctx.attn.prefills, strict=True))
 
 
-def _step_context_rows(ctx: _StepContext) -> tuple[Tensor, Tensor]:
+def _step_context_rows(ctx: _StepContext) -> tuple[Tensor, Tensor, Tensor | None]:
     """paged_attention's slots `[T, L]` and lengths `[T]` for every token of a step that attends on
-    the kernel: the decodes' rows, then each prompt chunk's shared row once per query."""
+    the kernel (the decodes' rows, then each prompt chunk's shared row once per query), and the rows of
+    each unit the stack may not split (None: one row each; a chunk's queries read the K/V its earlier
+    rows write in the same layer)."""
     attn = ctx.attn
     if not attn.prefills:
-        return attn.decode_context_slots, attn.decode_context_lens
+        return attn.decode_context_slots, attn.decode_context_lens, None
     parts = [(attn.decode_context_slots, attn.decode_context_lens)] if attn.num_decode_tokens else []
     parts += [r for r in ctx.chunk_rows or () if r is not None]
     slots = torch.zeros((sum(int(n.numel()) for _, n in parts), max(int(s.shape[1]) for s, _ in parts)),
@@ -155,7 +157,8 @@ def _step_context_rows(ctx: _StepContext) -> tuple[Tensor, Tensor]:
     for s, _ in parts:
         slots[row:row + s.shape[0], :s.shape[1]] = s
         row += s.shape[0]
-    return slots, torch.cat([n for _, n in parts])
+    units = [1] * attn.num_decode_tokens + [c.query_len for c in attn.prefills]
+    return slots, torch.cat([n for _, n in parts]), torch.tensor(units, dtype=torch.int64)
 
 
 def _stack_lora(lora: LoraDelta | None) -> tuple[Any, list[Tensor | None], list[Tensor | None]]:
@@ -485,10 +488,10 @@ class Transformer(nn.Module):
             if launched is not None:
                 launched()
             if stack is not None:
-                slots, lens = _step_context_rows(ctx)
+                slots, lens, units = _step_context_rows(ctx)
                 h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping, slots, lens,
                                   self.config.head_dim ** -0.5, *_stack_lora(ctx.lora),
-                                  out_rows=index if ctx.lora is None else None)
+                                  out_rows=index if ctx.lora is None else None, units=units)
             else:
                 last = len(self.model.layers) - 1
                 # adapters route by the step's token layout, so a step with any keeps every row

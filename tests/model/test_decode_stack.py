@@ -9,7 +9,7 @@ import torch
 
 from kiln.model import kernels
 from kiln.model import transformer as transformer_module
-from kiln.model.decode_stack import clear_fused
+from kiln.model.decode_stack import build_decode_stack, clear_fused
 from kiln.model.kv_cache import KVCache, build_attention_metadata
 from kiln.model.loader import load_model
 from kiln.model.lora import MODULES, LoraBank, build_lora_step, module_shapes
@@ -300,3 +300,53 @@ def test_gguf_float_weights_run_in_the_stack_with_identical_bits(each_isa, tmp_p
     layered, layered_cache = _decode_run(model, False, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
+@pytest.fixture
+def split_over():
+    """split_over(model, threads): the model's stack splits every step of two rows or more over
+    `threads` threads (one row a part and up), as it splits wide steps when serving."""
+    before = torch.get_num_threads()
+
+    def split(model: Transformer, threads: int) -> None:
+        torch.set_num_threads(threads)
+        model._decode_stack = build_decode_stack(model, kernels.load())
+        model._decode_stack.min_split_rows = 1
+    yield split
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("sampled_only", [False, True])
+def test_a_step_split_over_threads_equals_the_whole_step_bit_for_bit(each_isa, tmp_path, monkeypatch, split_over,
+                                                                     threads, sampled_only):
+    # prompt chunks cut between parts (a part waits on the one before it for the chunk's K/V), parts
+    # with no sampled row (they only fill the cache), decodes on their own
+    model = _packed(tmp_path, "llama")
+    layered, layered_cache = _mixed_run(model, False, monkeypatch, sampled_only)
+    split_over(model, threads)
+    stacked_prompts = _count_stacked_prompt_steps(monkeypatch)
+    split, split_cache = _mixed_run(model, True, monkeypatch, sampled_only)
+    assert stacked_prompts[0] == (4 if kernels.chunk_attention_kernel_positions() > 0 else 0)
+    for a, b in zip(split, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(split_cache.storage, layered_cache.storage)
+
+
+def test_adapter_decode_steps_split_over_threads_equal_the_layer_path(each_isa, tmp_path, monkeypatch, split_over):
+    model = _packed(tmp_path, "llama")
+    _install_adapters(model, MODULES)
+    slots = [1, 0, 2]
+    layered, layered_cache = _decode_run(model, False, monkeypatch, slots)
+    split_over(model, 3)
+    split, split_cache = _decode_run(model, True, monkeypatch, slots)
+    assert all(torch.equal(a, b) for a, b in zip(split, layered, strict=True))
+    assert torch.equal(split_cache.storage, layered_cache.storage)
+
+
+def test_the_stacks_split_threshold_is_at_least_one_row(tmp_path):
+    model = _packed(tmp_path, "llama")
+    stack = build_decode_stack(model, kernels.load())
+    assert stack.min_split_rows == 4
+    with pytest.raises(ValueError, match="at least 1"):
+        stack.min_split_rows = 0

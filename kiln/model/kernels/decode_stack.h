@@ -1,4 +1,4 @@
-// Every decoder layer of a decode-only step in one C++ call (see decode_stack.cpp).
+// Every decoder layer of a step whose tokens attend on the kernel, in one C++ call (see decode_stack.cpp).
 #pragma once
 
 #include <torch/extension.h>

@@ -681,11 +681,9 @@ class Pool {
 
   // fn(ctx, c) for every c in [0, n) on the caller and up to `helpers` pool threads.
   void run(int64_t n, int helpers, Fn fn, const void* ctx) {
+    if (in_chunk_ || helpers <= 0 || n <= 1 || n >= kMaxChunks) return run_inline(n, fn, ctx);   // nested
     std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
-    if (helpers <= 0 || n <= 1 || !busy.owns_lock() || n >= kMaxChunks) {
-      for (int64_t c = 0; c < n; ++c) fn(ctx, c);   // nested or concurrent use: run inline
-      return;
-    }
+    if (!busy.owns_lock()) return run_inline(n, fn, ctx);   // another thread's call holds the pool
     ensure_threads(helpers);
     fn_ = fn;
     ctx_ = ctx;
@@ -706,6 +704,20 @@ class Pool {
   static constexpr int64_t kMaxChunks = int64_t{1} << 24;
   static constexpr int64_t kSpinNanos = 100000;
 
+  // A chunk's own parallel calls (a DecodeStack part's kernels) run on its thread.
+  static thread_local bool in_chunk_;
+
+  struct InChunk {   // an exception out of a chunk must not leave its thread marked
+    bool outer = in_chunk_;
+    InChunk() { in_chunk_ = true; }
+    ~InChunk() { in_chunk_ = outer; }
+  };
+
+  static void run_inline(int64_t n, Fn fn, const void* ctx) {
+    InChunk mark;
+    for (int64_t c = 0; c < n; ++c) fn(ctx, c);
+  }
+
   static uint64_t gen_of(uint64_t w) { return w >> 48; }
   static int64_t total_of(uint64_t w) { return static_cast<int64_t>((w >> 24) & 0xFFFFFF); }
   static int64_t next_of(uint64_t w) { return static_cast<int64_t>(w & 0xFFFFFF); }
@@ -723,7 +735,10 @@ class Pool {
       if (gen_of(w) != gen || next_of(w) >= total_of(w)) return;
       if (!word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
       // a claimed chunk keeps its call alive, so fn_ and ctx_ are the ones of `gen`
-      fn_(ctx_, next_of(w));
+      {
+        InChunk mark;
+        fn_(ctx_, next_of(w));
+      }
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -771,6 +786,8 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_;
 };
+
+thread_local bool Pool::in_chunk_ = false;
 
 // Never destroyed (joining workers during interpreter exit is asking for trouble); a forked child,
 // which has none of the parent's threads and maybe a mutex held by one, starts a fresh pool.
