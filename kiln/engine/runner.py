@@ -115,12 +115,12 @@ class ModelRunner:
             if item.sample:
                 rows.append(offset - 1)
                 sampled_items.append(item)
-        # the model computes past the last layer's K/V only the rows that sample
-        hidden = self.model(ids_t, pos_t, attn, self.kv_cache, lora, launched=launched, out_rows=rows)
+        # the model computes past the last layer's K/V only the rows that sample, and their logits
+        logits = self.model(ids_t, pos_t, attn, self.kv_cache, lora, launched=launched, out_rows=rows,
+                            logits=bool(rows))
         if not rows:
             (forward_ms,) = clock.finish()
             return {}, StepTiming(forward_ms, 0.0, 0.0, had_prefill)
-        logits = self.model.compute_logits(hidden, packed_ok=True)
         clock.mark()
         seqs = [it.seq for it in sampled_items]
         tokens, logprobs = self.sampler(

@@ -93,7 +93,23 @@ def build_decode_stack(model: Transformer, module: ModuleType) -> Any | None:
                        _projection(getattr(mlp.down_proj, attr), mlp.down_proj.bias)]
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         projections)
+    head = _head_projection(model)
+    if head is not None:
+        stack.set_head(model.model.norm.weight.detach(), head)
     return stack
+
+
+def _head_projection(model: Transformer) -> SimpleNamespace | None:
+    """The LM head as the stack computes it, the weights `Transformer.compute_logits` multiplies with
+    (packed, else the dense kernel's tiles), or None when that runs elsewhere (torch)."""
+    lm_head = model.lm_head
+    packed = getattr(lm_head, "packed", None)
+    if packed is not None:
+        return _projection(packed, None) if packed.qs.is_cpu else None
+    tiles = getattr(lm_head, "dense_tiles", None)
+    if tiles is None or model.dtype != torch.bfloat16:
+        return None
+    return _projection(tiles, lm_head.bias)
 
 
 def _fuse(linears: list[torch.nn.Linear]) -> FusedProjection | None:

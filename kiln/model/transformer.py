@@ -467,9 +467,10 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionMetadata, kv_cache: KVCache,
                 lora: LoraStep | None = None, launched: Callable[[], None] | None = None,
-                out_rows: list[int] | None = None) -> Tensor:
+                out_rows: list[int] | None = None, logits: bool = False) -> Tensor:
         """Paged serving path over flat tokens `[T]` (decodes first); returns final hidden `[T, hidden]`,
-        or with a non-empty `out_rows` (flat indices, in order) those tokens' rows only.
+        or with a non-empty `out_rows` (flat indices, in order) those tokens' rows only; with `logits`
+        their float32 logits instead (`compute_logits(..., packed_ok=True)` of those rows).
 
         `lora` routes tokens to adapter slots of `self.lora_bank` (None: every token uses the base).
         `launched` is called just before the layers run (on the C++ stack: without the GIL).
@@ -489,9 +490,12 @@ class Transformer(nn.Module):
                 launched()
             if stack is not None:
                 slots, lens, units = _step_context_rows(ctx)
+                head = logits and stack.has_head and (index is None or ctx.lora is None)
                 h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping, slots, lens,
                                   self.config.head_dim ** -0.5, *_stack_lora(ctx.lora),
-                                  out_rows=index if ctx.lora is None else None, units=units)
+                                  out_rows=index if ctx.lora is None else None, units=units, logits=head)
+                if head:   # the final norm and the LM head ran in the stack, on each part's rows
+                    return h
             else:
                 last = len(self.model.layers) - 1
                 # adapters route by the step's token layout, so a step with any keeps every row
@@ -500,7 +504,8 @@ class Transformer(nn.Module):
                     h = layer.forward_paged(h, ctx, kv_cache.k[i], kv_cache.v[i], rows if i == last else None)
             if index is not None and h.shape[0] != index.numel():
                 h = h.index_select(0, index)
-            return self.model.norm.fast(h)
+            h = self.model.norm.fast(h)
+            return self.compute_logits(h, packed_ok=True) if logits else h
 
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:
         """The C++ DecodeStack when this step may use it: every token attends on the kernel (prompt

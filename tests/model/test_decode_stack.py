@@ -45,8 +45,7 @@ def _forward(model: Transformer, cache: KVCache, items: list[tuple[list[int], li
         lora = build_lora_step(slots, [len(ids) - c for _, ids, c in items], meta.num_decode_tokens,
                                torch.device("cpu"))
     with torch.inference_mode():
-        hidden = model(torch.tensor(flat), torch.tensor(positions), meta, cache, lora, out_rows=out_rows)
-        return model.compute_logits(hidden, packed_ok=True)
+        return model(torch.tensor(flat), torch.tensor(positions), meta, cache, lora, out_rows=out_rows, logits=True)
 
 
 def _decode_run(model: Transformer, use_stack: bool, monkeypatch,
@@ -78,9 +77,11 @@ def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, 
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
 
 
-def test_a_wide_decode_step_through_the_stack_equals_the_layer_by_layer_path(tmp_path, monkeypatch):
-    # 150 rows: more than one of the stack's silu(gate) * up tasks takes (128 rows of the tiny 128-wide MLP)
+def test_a_wide_decode_step_through_the_stack_equals_the_layer_by_layer_path(tmp_path, monkeypatch, split_over):
+    # 150 rows: more than one of the stack's silu(gate) * up tasks takes (128 rows of the tiny 128-wide MLP);
+    # split over two threads, 75 rows a part: each part runs the LM head on its rows too
     model = _packed(tmp_path, "llama")
+    split_over(model, 2)
     n = 150
     tables = [[1 + i] for i in range(n)]
     prompts = [[i % 96, (5 * i) % 96] for i in range(n)]
@@ -350,3 +351,24 @@ def test_the_stacks_split_threshold_is_at_least_one_row(tmp_path):
     assert stack.min_split_rows == 4
     with pytest.raises(ValueError, match="at least 1"):
         stack.min_split_rows = 0
+
+
+@pytest.mark.parametrize("quantization", ["q4_1", "none"])
+def test_the_stacks_logits_are_compute_logits_of_its_hidden_states(each_isa, tmp_path, monkeypatch, split_over,
+                                                                   quantization):
+    # the final norm and the LM head in the stack (on each part's rows) or after it, in Python
+    model = _packed(tmp_path, "llama", quantization=quantization)
+    if quantization == "none" and not hasattr(model.lm_head, "dense_tiles"):
+        pytest.skip("no dense kernel tiles on this CPU")
+    split_over(model, 2)
+    assert model._decode_stack.has_head
+    monkeypatch.setattr(transformer_module, "use_decode_stack", True)
+    cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
+    items = [(TABLES[0], [5, 6, 7, 8, 9, 10], 0), (TABLES[1], [11, 12, 13, 14], 0)]
+    meta, positions = build_attention_metadata([(t, c, len(ids) - c) for t, ids, c in items], BLOCK, "cpu")
+    args = (torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14]), torch.tensor(positions), meta, cache)
+    with torch.inference_mode():
+        logits = model(*args, out_rows=[5, 9], logits=True)
+        hidden = model(*args, out_rows=[5, 9])
+        assert torch.equal(logits, model.compute_logits(hidden, packed_ok=True))
+        assert logits.dtype == torch.float32 and logits.shape == (2, model.config.vocab_size)

@@ -46,6 +46,10 @@ constexpr int64_t kCodedMaxRows = 8;
 // threads, 150 positions, split vs whole: AVX2 8 rows 9.8 vs 10.6 ms, 4 rows 6.6 vs 6.3; AVX-512 8 rows
 // 6.1 vs 6.9, 4 rows 4.8 vs 4.4.
 constexpr int64_t kMinSplitRows = 4;
+// The LM head runs in the parts (each reading all of it) from this many rows a part, else on the
+// pool after them: gguf, 2 threads, in the parts vs after, AVX2 64 rows 75.6 vs 78.2 ms, 32 rows 34.8 vs
+// 34.9, 8 rows 12.8 vs 11.8; AVX-512 64 rows 48.5 vs 49.0, 16 rows 12.0 vs 11.4.
+constexpr int64_t kHeadSplitRows = 32;
 // Each part reads every weight, so with more threads than this the step stays on the pool (where the
 // threads share out each matrix): measured on 2 cores only.
 constexpr int64_t kMaxSplitThreads = 4;
@@ -73,9 +77,12 @@ struct Projection {
 
   // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs); kind 3 / 4:
   // those tiles (qs) and the same values as 4-bit / int8 codes (codes, scales) for decode rows
-  torch::Tensor operator()(const torch::Tensor& x) const {
-    if (kind >= 3 && x.size(0) <= kCodedMaxRows) return linear_bf16_coded(x, codes, scales, kind - 3, n, k, bias, -1, false);
-    if (kind >= 2) return linear_bf16(x, qs, n, k, bias, -1, false);
+  // out_float: float32 sums (logits), from float32 activations for packed weights as the LM head's
+  // Python path gives them (kiln/model/transformer.py's compute_logits)
+  torch::Tensor operator()(const torch::Tensor& x, bool out_float = false) const {
+    if (kind >= 3 && x.size(0) <= kCodedMaxRows) return linear_bf16_coded(x, codes, scales, kind - 3, n, k, bias, -1, out_float);
+    if (kind >= 2) return linear_bf16(x, qs, n, k, bias, -1, out_float);
+    if (out_float) return (*this)(x.to(torch::kFloat32));
     if (float_act) return qlinear_float(x, qs, scales, kind, n, k, bias, -1, false);
     return qlinear(x, qs, scales, kind, n, k, bias, -1);
   }
@@ -90,6 +97,15 @@ class DecodeStack {
  public:
   DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), inter_(intermediate), eps_(eps) {}
+
+  // The final norm and the LM head, for forward(logits=true).
+  void set_head(torch::Tensor norm, const py::object& projection) {
+    head_norm_ = std::move(norm);
+    head_ = to_projection(projection);
+    has_head_ = true;
+  }
+
+  bool has_head() const { return has_head_; }
 
   void add_layer(torch::Tensor in_norm, torch::Tensor post_norm, std::vector<py::object> projections) {
     TORCH_CHECK_VALUE(projections.size() == 4, "DecodeStack.add_layer: qkv, o, gate_up, down");
@@ -107,7 +123,8 @@ class DecodeStack {
     min_split_rows_ = n;
   }
 
-  // h [T, hidden] -> h after every layer; with out_rows (an int64 index, ascending) those rows of it.
+  // h [T, hidden] -> h after every layer; with out_rows (an int64 index, ascending) those rows of it;
+  // with logits (set_head first) their float32 logits [rows, vocab] instead.
   // kv [layers, 2, slots, Hkv, D]; cos, sin [T, D] rows; slot_mapping [T]; context_slots [T, L] and
   // context_lens [T] as paged_attention takes them. units [U] (optional): how many consecutive rows
   // each unit holds (a prompt chunk's rows are one unit); None: every row is its own unit.
@@ -132,7 +149,7 @@ class DecodeStack {
                         const std::vector<c10::optional<torch::Tensor>>& lora_a,
                         const std::vector<c10::optional<torch::Tensor>>& lora_b,
                         const c10::optional<torch::Tensor>& out_rows,
-                        const c10::optional<torch::Tensor>& units) const {
+                        const c10::optional<torch::Tensor>& units, bool logits) const {
     TORCH_CHECK_VALUE(kv.dim() == 5 && kv.size(0) == num_layers() && kv.size(1) == 2,
                       "DecodeStack.forward: kv must be [layers, 2, slots, Hkv, D]");
     const bool lora = lora_slots.has_value() && lora_slots->defined();
@@ -141,6 +158,7 @@ class DecodeStack {
     const bool select = out_rows.has_value() && out_rows->defined();
     TORCH_CHECK_VALUE(!select || (!lora && out_rows->dim() == 1 && out_rows->scalar_type() == torch::kInt64),
                       "DecodeStack.forward: out_rows is an int64 index, and not for steps with adapters");
+    TORCH_CHECK_VALUE(!logits || has_head_, "DecodeStack.forward: logits needs set_head first");
     const int64_t T = h.size(0);
     TORCH_CHECK_VALUE(context_lens.dim() == 1 && context_lens.size(0) == T && context_lens.scalar_type() == torch::kInt64,
                       "DecodeStack.forward: context_lens must be int64 [T]");
@@ -151,7 +169,7 @@ class DecodeStack {
     const Rows all{h.clone(at::MemoryFormat::Contiguous), cos, sin, slot_mapping, context_slots, context_lens,
                    lora ? *lora_slots : torch::Tensor(), select ? *out_rows : torch::Tensor()};
     const std::vector<int64_t> cuts = split_rows(context_lens);
-    if (cuts.size() < 3) return forward_rows(all, kv, scale, lora_a, lora_b);
+    if (cuts.size() < 3) return forward_rows(all, kv, scale, lora_a, lora_b, logits);
     const size_t parts = cuts.size() - 1;
     std::vector<Rows> part(parts);
     std::vector<bool> waits(parts, false);   // the part starts inside a prompt chunk
@@ -162,6 +180,10 @@ class DecodeStack {
       for (int64_t u = 0, row = 0; u < units->numel() && g < parts; row += up[u++])
         for (; g < parts && cuts[g] < row + up[u]; ++g) waits[g] = cuts[g] > row;
     }
+    // the LM head in the parts once each has kHeadSplitRows rows to multiply, else on the pool after
+    bool head_in_parts = logits;
+    for (const Rows& r : part)
+      head_in_parts = head_in_parts && (r.out_rows.defined() ? r.out_rows.numel() : r.h.size(0)) >= kHeadSplitRows;
     std::vector<Progress> progress(parts);
     std::vector<torch::Tensor> outs(parts);
     std::vector<std::exception_ptr> errors(parts);   // raised here, not on a pool thread
@@ -170,8 +192,9 @@ class DecodeStack {
       const Rows& r = part[g];
       try {
         // a part whose rows are none of those asked for only fills the cache
-        outs[g] = forward_rows(r, kv, scale, lora_a, lora_b, r.out_rows.defined() && r.out_rows.numel() == 0,
-                               &progress[g], waits[g] ? &progress[g - 1] : nullptr);
+        outs[g] = forward_rows(r, kv, scale, lora_a, lora_b, head_in_parts,
+                               r.out_rows.defined() && r.out_rows.numel() == 0, &progress[g],
+                               waits[g] ? &progress[g - 1] : nullptr);
       } catch (...) {
         errors[g] = std::current_exception();
         progress[g].layers.store(std::numeric_limits<int64_t>::max(), std::memory_order_release);   // unblock
@@ -179,7 +202,7 @@ class DecodeStack {
     });
     for (const auto& e : errors)
       if (e) std::rethrow_exception(e);
-    return torch::cat(outs, 0);
+    return logits && !head_in_parts ? head_logits(torch::cat(outs, 0)) : torch::cat(outs, 0);
   }
 
  private:
@@ -229,8 +252,8 @@ class DecodeStack {
   // after `before` (the part before it, when this one starts inside a prompt chunk) has written them.
   torch::Tensor forward_rows(const Rows& rows, const torch::Tensor& kv, double scale,
                              const std::vector<c10::optional<torch::Tensor>>& lora_a,
-                             const std::vector<c10::optional<torch::Tensor>>& lora_b, bool cache_only = false,
-                             Progress* own = nullptr, const Progress* before = nullptr) const {
+                             const std::vector<c10::optional<torch::Tensor>>& lora_b, bool logits,
+                             bool cache_only = false, Progress* own = nullptr, const Progress* before = nullptr) const {
     torch::Tensor h = rows.h;
     const torch::Tensor &cos = rows.cos, &sin = rows.sin, &slot_mapping = rows.slot_mapping;
     const torch::Tensor &context_slots = rows.context_slots, &context_lens = rows.context_lens;
@@ -272,7 +295,9 @@ class DecodeStack {
       }
       if (own != nullptr) own->layers.store(i + 1, std::memory_order_release);
       torch::Tensor attn;
-      if (cache_only && i == num_layers() - 1) return h.narrow(0, 0, 0);
+      if (cache_only && i == num_layers() - 1) {
+        return logits ? torch::empty({0, head_.n}, h.options().dtype(torch::kFloat32)) : h.narrow(0, 0, 0);
+      }
       if (select && i == num_layers() - 1) {
         // every token's K/V is in the cache; the rest of the last layer runs for the rows asked for
         // (row-wise ops all, so each gets the values the whole batch would give it)
@@ -296,8 +321,10 @@ class DecodeStack {
       add_lora(6, i, d, act);
       add_inplace(h, d);
     }
-    return h;
+    return logits ? head_logits(h) : h;
   }
+
+  torch::Tensor head_logits(const torch::Tensor& h) const { return head_(rms_norm(h, head_norm_, eps_), /*out_float=*/true); }
 
   // silu(gate) * up from the fused gate|up output: Kiln's kernel, which the layer path's MLP calls too
   // (an element's bits do not depend on where in a row it sits; ATen's silu tails did)
@@ -325,6 +352,9 @@ class DecodeStack {
 
   int64_t heads_, kv_heads_, head_dim_, inter_;
   int64_t min_split_rows_ = kMinSplitRows;
+  torch::Tensor head_norm_;
+  Projection head_;
+  bool has_head_ = false;
   double eps_;
   std::vector<Layer> layers_;
 };
@@ -337,13 +367,15 @@ void register_decode_stack(pybind11::module& m) {
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
       .def("add_layer", &DecodeStack::add_layer, py::arg("in_norm"), py::arg("post_norm"), py::arg("projections"))
       .def_property_readonly("num_layers", &DecodeStack::num_layers)
+      .def("set_head", &DecodeStack::set_head, py::arg("norm"), py::arg("projection"))
+      .def_property_readonly("has_head", &DecodeStack::has_head)
       .def_property("min_split_rows", &DecodeStack::min_split_rows, &DecodeStack::set_min_split_rows,
                     "a step splits its rows over the threads from this many rows a thread")
       .def("forward", &DecodeStack::forward, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("kv"),
            py::arg("slot_mapping"), py::arg("context_slots"), py::arg("context_lens"), py::arg("scale"),
            py::arg("lora_slots") = py::none(), py::arg("lora_a") = std::vector<c10::optional<torch::Tensor>>(),
            py::arg("lora_b") = std::vector<c10::optional<torch::Tensor>>(), py::arg("out_rows") = py::none(),
-           py::arg("units") = py::none(),
+           py::arg("units") = py::none(), py::arg("logits") = false,
            py::call_guard<py::gil_scoped_release>());
 }
 
