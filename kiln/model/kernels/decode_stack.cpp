@@ -44,8 +44,11 @@ namespace {
 constexpr int64_t kCodedMaxRows = 8;
 // A step splits over the threads from this many rows a thread (DecodeStack::split_rows): gguf, 2
 // threads, 150 positions, split vs whole: AVX2 8 rows 9.8 vs 10.6 ms, 4 rows 6.6 vs 6.3; AVX-512 8 rows
-// 6.1 vs 6.9, 4 rows 4.8 vs 4.4.
+// 6.1 vs 6.9, 4 rows 4.8 vs 4.4. Over bfloat16 tiles (twice the bytes a part reads): AVX-512 16 rows
+// 34.6 vs 33.0, 32 rows 58.2 vs 59.9; the GGUF codes with float activations (AVX2's default) split
+// well from 8 rows (19.9 vs 22.3).
 constexpr int64_t kMinSplitRows = 4;
+constexpr int64_t kMinSplitRowsTiles = 16;
 // The LM head runs in the parts (each reading all of it) from this many rows a part, else on the
 // pool after them: gguf, 2 threads, in the parts vs after, AVX2 64 rows 75.6 vs 78.2 ms, 32 rows 34.8 vs
 // 34.9, 8 rows 12.8 vs 11.8; AVX-512 64 rows 48.5 vs 49.0, 16 rows 12.0 vs 11.4.
@@ -117,7 +120,10 @@ class DecodeStack {
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-  int64_t min_split_rows() const { return min_split_rows_; }
+  int64_t min_split_rows() const {
+    if (min_split_rows_ > 0) return min_split_rows_;
+    return !layers_.empty() && layers_[0].o.kind >= 2 ? kMinSplitRowsTiles : kMinSplitRows;
+  }
   void set_min_split_rows(int64_t n) {
     TORCH_CHECK_VALUE(n >= 1, "DecodeStack.min_split_rows must be at least 1");
     min_split_rows_ = n;
@@ -226,11 +232,11 @@ class DecodeStack {
 
   // Where to cut the rows, one part per thread ({}: do not split): at even shares of the cost, each
   // row costing its matrices (kRowPositions positions of attention's worth) plus its attention (its
-  // context length). No split below min_split_rows_ rows a part.
+  // context length). No split below min_split_rows() rows a part.
   std::vector<int64_t> split_rows(const torch::Tensor& context_lens) const {
     const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
     const int64_t T = context_lens.size(0);
-    if (threads < 2 || threads > kMaxSplitThreads || T < threads * min_split_rows_) return {};
+    if (threads < 2 || threads > kMaxSplitThreads || T < threads * min_split_rows()) return {};
     const auto lens = context_lens.contiguous();
     const int64_t* lp = lens.data_ptr<int64_t>();
     std::vector<double> cost(static_cast<size_t>(T));   // of rows 0..r inclusive
@@ -240,10 +246,10 @@ class DecodeStack {
     for (int64_t g = 1; g < threads; ++g) {
       const double share = total * static_cast<double>(g) / static_cast<double>(threads);
       const int64_t cut = (std::lower_bound(cost.begin(), cost.end(), share) - cost.begin()) + 1;
-      if (cut - cuts.back() < min_split_rows_) return {};
+      if (cut - cuts.back() < min_split_rows()) return {};
       cuts.push_back(cut);
     }
-    if (T - cuts.back() < min_split_rows_) return {};
+    if (T - cuts.back() < min_split_rows()) return {};
     cuts.push_back(T);
     return cuts;
   }
@@ -351,7 +357,7 @@ class DecodeStack {
   }
 
   int64_t heads_, kv_heads_, head_dim_, inter_;
-  int64_t min_split_rows_ = kMinSplitRows;
+  int64_t min_split_rows_ = 0;   // 0: by the weights' kind
   torch::Tensor head_norm_;
   Projection head_;
   bool has_head_ = false;
