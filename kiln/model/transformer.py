@@ -143,9 +143,9 @@ def _prompts_on_kernel(ctx: _StepContext) -> bool:
 
 def _step_context_rows(ctx: _StepContext) -> tuple[Tensor, Tensor, Tensor | None]:
     """paged_attention's slots `[T, L]` and lengths `[T]` for every token of a step that attends on
-    the kernel (the decodes' rows, then each prompt chunk's shared row once per query), and the rows of
-    each unit the stack may not split (None: one row each; a chunk's queries read the K/V its earlier
-    rows write in the same layer)."""
+    the kernel (the decodes' rows, then each prompt chunk's shared row once per query), and how many
+    rows each unit holds (None: one each; a prompt chunk is one, whose queries read the K/V its earlier
+    rows write in the same layer: a part of a split step that starts inside one waits for them)."""
     attn = ctx.attn
     if not attn.prefills:
         return attn.decode_context_slots, attn.decode_context_lens, None

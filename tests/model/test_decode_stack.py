@@ -372,3 +372,14 @@ def test_the_stacks_logits_are_compute_logits_of_its_hidden_states(each_isa, tmp
         hidden = model(*args, out_rows=[5, 9])
         assert torch.equal(logits, model.compute_logits(hidden, packed_ok=True))
         assert logits.dtype == torch.float32 and logits.shape == (2, model.config.vocab_size)
+
+
+def test_the_stack_refuses_sampled_rows_out_of_order(tmp_path, monkeypatch):
+    model = _packed(tmp_path, "llama")
+    monkeypatch.setattr(transformer_module, "use_decode_stack", True)
+    cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
+    for table, ids in zip(TABLES, ([1, 2], [3, 4], [5, 6]), strict=True):
+        _forward(model, cache, [(table, ids, 0)])
+    meta, positions = build_attention_metadata([(t, 2, 1) for t in TABLES], BLOCK, "cpu")
+    with torch.inference_mode(), pytest.raises(ValueError, match="ascending"):
+        model(torch.tensor([7, 8, 9]), torch.tensor(positions), meta, cache, out_rows=[2, 0])

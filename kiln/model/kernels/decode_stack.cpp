@@ -66,7 +66,7 @@ struct Progress {
   alignas(64) std::atomic<int64_t> layers{0};
 };
 
-inline void kiln_spin_pause() {
+inline void spin_pause() {
 #if defined(__x86_64__) || defined(_M_X64)
   _mm_pause();
 #endif
@@ -162,10 +162,17 @@ class DecodeStack {
     TORCH_CHECK_VALUE(!lora || (lora_a.size() == 7 && lora_b.size() == 7),
                       "DecodeStack.forward: lora_a and lora_b need one entry per module");
     const bool select = out_rows.has_value() && out_rows->defined();
-    TORCH_CHECK_VALUE(!select || (!lora && out_rows->dim() == 1 && out_rows->scalar_type() == torch::kInt64),
+    TORCH_CHECK_VALUE(!select || (!lora && out_rows->dim() == 1 && out_rows->scalar_type() == torch::kInt64 &&
+                                  out_rows->is_contiguous()),
                       "DecodeStack.forward: out_rows is an int64 index, and not for steps with adapters");
     TORCH_CHECK_VALUE(!logits || has_head_, "DecodeStack.forward: logits needs set_head first");
     const int64_t T = h.size(0);
+    if (select) {   // parts find their rows by binary search
+      const int64_t* o = out_rows->data_ptr<int64_t>();
+      for (int64_t j = 0; j < out_rows->numel(); ++j)
+        TORCH_CHECK_VALUE(o[j] >= 0 && o[j] < T && (j == 0 || o[j] > o[j - 1]),
+                          "DecodeStack.forward: out_rows must be ascending rows of h");
+    }
     TORCH_CHECK_VALUE(context_lens.dim() == 1 && context_lens.size(0) == T && context_lens.scalar_type() == torch::kInt64,
                       "DecodeStack.forward: context_lens must be int64 [T]");
     const bool has_units = units.has_value() && units->defined();
@@ -293,7 +300,7 @@ class DecodeStack {
       if (before != nullptr) {
         for (int spins = 0; before->layers.load(std::memory_order_acquire) <= i; ++spins) {
           if (spins < 4096) {
-            kiln_spin_pause();
+            spin_pause();
           } else {
             std::this_thread::yield();
           }
