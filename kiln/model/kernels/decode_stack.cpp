@@ -19,6 +19,8 @@
 
 #include "decode_stack.h"
 
+#include <ATen/ThreadLocalState.h>
+
 #include "decode_ops.h"
 #include "dense_bf16.h"
 #include "lora_bgmv.h"
@@ -200,9 +202,12 @@ class DecodeStack {
     std::vector<Progress> progress(parts);
     std::vector<torch::Tensor> outs(parts);
     std::vector<std::exception_ptr> errors(parts);   // raised here, not on a pool thread
+    // the caller's grad / inference mode and dispatch state on every part's thread (as at::launch does)
+    const at::ThreadLocalState caller;
     kiln::parallel_tasks(static_cast<int64_t>(parts), [&](int64_t i) {
       const auto g = static_cast<size_t>(i);
       const Rows& r = part[g];
+      const at::ThreadLocalStateGuard state(caller);
       try {
         // a part whose rows are none of those asked for only fills the cache
         outs[g] = forward_rows(r, kv, scale, lora_a, lora_b, head_in_parts,
