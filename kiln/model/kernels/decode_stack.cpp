@@ -178,9 +178,17 @@ class DecodeStack {
     TORCH_CHECK_VALUE(context_lens.dim() == 1 && context_lens.size(0) == T && context_lens.scalar_type() == torch::kInt64,
                       "DecodeStack.forward: context_lens must be int64 [T]");
     const bool has_units = units.has_value() && units->defined();
-    TORCH_CHECK_VALUE(!has_units || (units->dim() == 1 && units->scalar_type() == torch::kInt64 &&
-                                     units->is_contiguous() && units->sum().item<int64_t>() == T),
-                      "DecodeStack.forward: units must be int64 row counts that add up to T");
+    TORCH_CHECK_VALUE(!has_units || (units->dim() == 1 && units->scalar_type() == torch::kInt64 && units->is_contiguous()),
+                      "DecodeStack.forward: units must be int64 row counts");
+    if (has_units) {
+      const int64_t* up = units->data_ptr<int64_t>();
+      int64_t rows = 0;
+      for (int64_t u = 0; u < units->numel(); ++u) {
+        TORCH_CHECK_VALUE(up[u] > 0, "DecodeStack.forward: units must be positive row counts");
+        rows += up[u];
+      }
+      TORCH_CHECK_VALUE(rows == T, "DecodeStack.forward: units must add up to T");
+    }
     const Rows all{h.clone(at::MemoryFormat::Contiguous), cos, sin, slot_mapping, context_slots, context_lens,
                    lora ? *lora_slots : torch::Tensor(), select ? *out_rows : torch::Tensor()};
     const std::vector<int64_t> cuts = split_rows(context_lens);
@@ -209,9 +217,7 @@ class DecodeStack {
       const Rows& r = part[g];
       const at::ThreadLocalStateGuard state(caller);
       try {
-        // a part whose rows are none of those asked for only fills the cache
-        outs[g] = forward_rows(r, kv, scale, lora_a, lora_b, head_in_parts,
-                               r.out_rows.defined() && r.out_rows.numel() == 0, &progress[g],
+        outs[g] = forward_rows(r, kv, scale, lora_a, lora_b, head_in_parts, &progress[g],
                                waits[g] ? &progress[g - 1] : nullptr);
       } catch (...) {
         errors[g] = std::current_exception();
@@ -271,11 +277,12 @@ class DecodeStack {
   torch::Tensor forward_rows(const Rows& rows, const torch::Tensor& kv, double scale,
                              const std::vector<c10::optional<torch::Tensor>>& lora_a,
                              const std::vector<c10::optional<torch::Tensor>>& lora_b, bool logits,
-                             bool cache_only = false, Progress* own = nullptr, const Progress* before = nullptr) const {
+                             Progress* own = nullptr, const Progress* before = nullptr) const {
     torch::Tensor h = rows.h;
     const torch::Tensor &cos = rows.cos, &sin = rows.sin, &slot_mapping = rows.slot_mapping;
     const torch::Tensor &context_slots = rows.context_slots, &context_lens = rows.context_lens;
     const bool lora = rows.lora_slots.defined(), select = rows.out_rows.defined();
+    const bool cache_only = select && rows.out_rows.numel() == 0;   // none of its rows asked for: K/V only
     const torch::Tensor& lora_slots = rows.lora_slots;
     const int64_t T = h.size(0);
     const int64_t qn = heads_ * head_dim_, kn = kv_heads_ * head_dim_;
@@ -312,10 +319,10 @@ class DecodeStack {
         }
       }
       if (own != nullptr) own->layers.store(i + 1, std::memory_order_release);
-      torch::Tensor attn;
       if (cache_only && i == num_layers() - 1) {
         return logits ? torch::empty({0, head_.n}, h.options().dtype(torch::kFloat32)) : h.narrow(0, 0, 0);
       }
+      torch::Tensor attn;
       if (select && i == num_layers() - 1) {
         // every token's K/V is in the cache; the rest of the last layer runs for the rows asked for
         // (row-wise ops all, so each gets the values the whole batch would give it)
