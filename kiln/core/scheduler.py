@@ -15,6 +15,7 @@ keeps the decoding streams' inter-token gaps bounded while prompts arrive:
 - otherwise the fixed `prefill_cost_with_decodes`, for prompts longer than one step's token budget
   only; 0 turns that off.
 `observe` hands each finished step's wall time to the pacer.
+The step lists one-token rows (decodes) first, grouped by adapter slot, then the prompt chunks.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ class SchedulerOutput:
 
 def _arrival_key(seq: Sequence) -> tuple[float, int]:
     return (seq.arrival_time, seq.seq_id)
+
+
+def _batch_key(item: ScheduledSeq) -> tuple[bool, int]:
+    """Where an item goes in its step (a stable sort): one-token rows first, by LoRA slot; chunks after."""
+    one = item.num_new_tokens == 1
+    return (not one, item.seq.lora_slot if one else 0)
 
 
 class Scheduler:
@@ -158,8 +165,10 @@ class Scheduler:
         if not out.preempted:
             budget = self._admit(out, budget)
 
-        # Decodes (and 1-token chunks, which attend exactly like decodes) lead the batch.
-        out.items.sort(key=lambda item: item.num_new_tokens != 1)
+        # Decodes (and 1-token chunks, which attend exactly like decodes) lead the batch, grouped by
+        # adapter (oldest first within one): a step split over threads by rows then gives each part
+        # fewer adapters' factors to read (every row's values are the same in any order).
+        out.items.sort(key=_batch_key)
         out.num_batched_tokens = self.max_batch_tokens - budget
         return out
 

@@ -125,6 +125,19 @@ def test_decodes_come_before_prefill_chunks_in_the_batch():
     assert [i.num_new_tokens for i in out.items] == [1, 10]
 
 
+def test_decodes_are_grouped_by_adapter_slot_oldest_first_within_each():
+    _, sched, model = make(max_batch_tokens=32)
+    slots = [2, 0, 1, 2, 1]
+    for i, slot in enumerate(slots):
+        seq = make_seq(i + 1, range(10 * i, 10 * i + 3), max_tokens=10)
+        seq.lora_slot = slot
+        sched.add(seq)
+    step(sched, model)   # every prompt at once
+    sched.add(make_seq(9, range(50, 54)))
+    out = step(sched, model)
+    assert [(i.seq.lora_slot, i.seq.seq_id) for i in out.items] == [(0, 2), (1, 3), (1, 5), (2, 1), (2, 4), (0, 9)]
+
+
 def test_token_budget_is_never_exceeded():
     _, sched, model = make(max_batch_tokens=7)
     for i in range(5):
