@@ -130,8 +130,7 @@ def project_fused(fused: FusedProjection | None, x: Tensor, lora: LoraDelta | No
 
 def _stack_takes(lora: LoraDelta | None) -> bool:
     """The stack adds adapters' deltas itself only for a serving bank the BGMV kernel reads."""
-    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in KERNEL_DTYPES
-                            and not lora.step.segments)
+    return lora is None or (isinstance(lora, BankRouting) and lora.bank.dtype in KERNEL_DTYPES)
 
 
 def _prompts_on_kernel(ctx: _StepContext) -> bool:
@@ -161,12 +160,16 @@ def _step_context_rows(ctx: _StepContext) -> tuple[Tensor, Tensor, Tensor | None
     return slots, torch.cat([n for _, n in parts]), torch.tensor(units, dtype=torch.int64)
 
 
-def _stack_lora(lora: LoraDelta | None) -> tuple[Any, list[Tensor | None], list[Tensor | None]]:
-    """DecodeStack.forward's adapter arguments: slots per row and each module's factors (None: unused)."""
-    if not isinstance(lora, BankRouting) or lora.step.decode_slots is None:
+def _stack_lora(lora: LoraDelta | None, rows: int) -> tuple[Any, list[Tensor | None], list[Tensor | None]]:
+    """DecodeStack.forward's adapter arguments: a slot for each of the step's `rows` (decodes and prompt
+    chunks alike) and each module's factors (None: unused)."""
+    slots = lora.step.row_slots if isinstance(lora, BankRouting) else None
+    if slots is None:
         return None, [], []
+    if slots.numel() < rows:   # row_slots ends at the last row with an adapter: the rest are the base
+        slots = torch.cat([slots, slots.new_zeros(rows - slots.numel())])
     bank = lora.bank
-    return (lora.step.decode_slots, [bank.a[m] if bank.used[m] else None for m in LORA_MODULES],
+    return (slots, [bank.a[m] if bank.used[m] else None for m in LORA_MODULES],
             [bank.b[m] if bank.used[m] else None for m in LORA_MODULES])
 
 
@@ -490,10 +493,10 @@ class Transformer(nn.Module):
                 launched()
             if stack is not None:
                 slots, lens, units = _step_context_rows(ctx)
-                head = logits and stack.has_head and (index is None or ctx.lora is None)
+                head = logits and stack.has_head
                 h = stack.forward(h, ctx.cos, ctx.sin, kv_cache.storage, attn.slot_mapping, slots, lens,
-                                  self.config.head_dim ** -0.5, *_stack_lora(ctx.lora),
-                                  out_rows=index if ctx.lora is None else None, units=units, logits=head)
+                                  self.config.head_dim ** -0.5, *_stack_lora(ctx.lora, h.shape[0]),
+                                  out_rows=index, units=units, logits=head)
                 if head:   # the final norm and the LM head ran in the stack, on each part's rows
                     return h
             else:
@@ -508,12 +511,11 @@ class Transformer(nn.Module):
             return self.compute_logits(h, packed_ok=True) if logits else h
 
     def _stack_for(self, ctx: _StepContext, h: Tensor, kv_cache: KVCache) -> Any:
-        """The C++ DecodeStack when this step may use it: every token attends on the kernel (prompt
-        chunks only in steps without adapters, whose prompts route by segment), adapters from the
-        serving bank, one dtype throughout."""
+        """The C++ DecodeStack when this step may use it: every token attends on the kernel, adapters
+        from the serving bank, one dtype throughout."""
         kern = ctx.kernels
         if (kern is None or not use_decode_stack or not _stack_takes(ctx.lora)
-                or (ctx.attn.prefills and (ctx.lora is not None or not _prompts_on_kernel(ctx)))
+                or (ctx.attn.prefills and not _prompts_on_kernel(ctx))
                 or self._decode_stack is False
                 or not (h.dtype == ctx.cos.dtype == kv_cache.dtype == self.model.norm.weight.dtype)):
             return None

@@ -175,10 +175,11 @@ def test_models_the_stack_cannot_run_keep_the_layer_path(tmp_path, monkeypatch):
 
 
 def _mixed_run(model: Transformer, use_stack: bool, monkeypatch, sampled_only: bool = False,
-               ) -> tuple[list[torch.Tensor], KVCache]:
+               slots: tuple[int, int, int] | None = None) -> tuple[list[torch.Tensor], KVCache]:
     """Prompts arriving while others decode: A alone; A decoding beside B's prompt; A and B beside C's
     first chunk, then beside C's second (over its cached first); then all three decode. With
-    `sampled_only` each step asks for the rows that sample (a decode's, a chunk's last)."""
+    `sampled_only` each step asks for the rows that sample (a decode's, a chunk's last); `slots`: the
+    LoRA slot of A, B and C."""
     monkeypatch.setattr(transformer_module, "use_decode_stack", use_stack)
     cache = KVCache(model.config, 16, BLOCK, model.dtype, "cpu")
     gen = torch.Generator().manual_seed(5)
@@ -188,15 +189,17 @@ def _mixed_run(model: Transformer, use_stack: bool, monkeypatch, sampled_only: b
     seqs = {0: a, 1: b, 2: c}
     out = []
     for step, items in enumerate(plan):
-        fed, rows, flat = [], [], 0
+        fed, rows, flat, fed_slots = [], [], 0, []
         for seq, computed, new in items:
             i = next(k for k, v in seqs.items() if v is seq)
             while len(seq) < computed + new:
                 seq.append((step * 11 + i * 3 + len(seq)) % 96)
             fed.append((TABLES[i], seq[:computed + new], computed))
+            fed_slots.append(0 if slots is None else slots[i])
             flat += new
             rows.append(flat - 1)
-        out.append(_forward(model, cache, fed, out_rows=rows if sampled_only else None))
+        out.append(_forward(model, cache, fed, None if slots is None else fed_slots,
+                            out_rows=rows if sampled_only else None))
     return out, cache
 
 
@@ -329,6 +332,37 @@ def test_a_step_split_over_threads_equals_the_whole_step_bit_for_bit(each_isa, t
     stacked_prompts = _count_stacked_prompt_steps(monkeypatch)
     split, split_cache = _mixed_run(model, True, monkeypatch, sampled_only)
     assert stacked_prompts[0] == (4 if kernels.chunk_attention_kernel_positions() > 0 else 0)
+    for a, b in zip(split, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(split_cache.storage, layered_cache.storage)
+
+
+@pytest.mark.parametrize("bank_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sampled_only", [False, True])
+def test_adapter_steps_with_prompt_chunks_run_through_the_stack_with_identical_bits(
+        each_isa, tmp_path, monkeypatch, sampled_only, bank_dtype):
+    # A decodes under adapter 1 beside B's prompt (the base), then beside C's chunks (adapter 2)
+    model = _packed(tmp_path, "llama")
+    _install_adapters(model, MODULES, bank_dtype)
+    stacked_prompts = _count_stacked_prompt_steps(monkeypatch)
+    stacked, stacked_cache = _mixed_run(model, True, monkeypatch, sampled_only, slots=(1, 0, 2))
+    assert stacked_prompts == ([4] if kernels.chunk_attention_kernel_positions() > 0 else [0])
+    layered, layered_cache = _mixed_run(model, False, monkeypatch, sampled_only, slots=(1, 0, 2))
+    for a, b in zip(stacked, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+    base, _ = _mixed_run(model, True, monkeypatch, sampled_only)
+    assert not torch.equal(base[-1], stacked[-1])   # the adapters did change A's and C's rows
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_adapter_prompt_chunks_split_over_threads_equal_the_layer_path(each_isa, tmp_path, monkeypatch, split_over,
+                                                                       threads):
+    model = _packed(tmp_path, "llama")
+    _install_adapters(model, MODULES)
+    layered, layered_cache = _mixed_run(model, False, monkeypatch, True, slots=(1, 0, 2))
+    split_over(model, threads)
+    split, split_cache = _mixed_run(model, True, monkeypatch, True, slots=(1, 0, 2))
     for a, b in zip(split, layered, strict=True):
         assert torch.equal(a, b)
     assert torch.equal(split_cache.storage, layered_cache.storage)

@@ -164,11 +164,14 @@ class DecodeStack {
     TORCH_CHECK_VALUE(!lora || (lora_a.size() == 7 && lora_b.size() == 7),
                       "DecodeStack.forward: lora_a and lora_b need one entry per module");
     const bool select = out_rows.has_value() && out_rows->defined();
-    TORCH_CHECK_VALUE(!select || (!lora && out_rows->dim() == 1 && out_rows->scalar_type() == torch::kInt64 &&
+    TORCH_CHECK_VALUE(!select || (out_rows->dim() == 1 && out_rows->scalar_type() == torch::kInt64 &&
                                   out_rows->is_contiguous()),
-                      "DecodeStack.forward: out_rows is an int64 index, and not for steps with adapters");
+                      "DecodeStack.forward: out_rows is an int64 index");
     TORCH_CHECK_VALUE(!logits || has_head_, "DecodeStack.forward: logits needs set_head first");
     const int64_t T = h.size(0);
+    TORCH_CHECK_VALUE(!lora || (lora_slots->dim() == 1 && lora_slots->size(0) == T &&
+                                lora_slots->scalar_type() == torch::kInt64 && lora_slots->is_contiguous()),
+                      "DecodeStack.forward: lora_slots must be int64 [T], one slot per row");
     if (select) {   // parts find their rows by binary search
       const int64_t* o = out_rows->data_ptr<int64_t>();
       for (int64_t j = 0; j < out_rows->numel(); ++j)
@@ -283,7 +286,7 @@ class DecodeStack {
     const torch::Tensor &context_slots = rows.context_slots, &context_lens = rows.context_lens;
     const bool lora = rows.lora_slots.defined(), select = rows.out_rows.defined();
     const bool cache_only = select && rows.out_rows.numel() == 0;   // none of its rows asked for: K/V only
-    const torch::Tensor& lora_slots = rows.lora_slots;
+    torch::Tensor lora_slots = rows.lora_slots;   // the last layer's rows only, once it selects them
     const int64_t T = h.size(0);
     const int64_t qn = heads_ * head_dim_, kn = kv_heads_ * head_dim_;
     // out[:, :] += x @ A[slot]^T @ B[slot] for module m of layer i, when some adapter uses it
@@ -327,6 +330,7 @@ class DecodeStack {
         // every token's K/V is in the cache; the rest of the last layer runs for the rows asked for
         // (row-wise ops all, so each gets the values the whole batch would give it)
         h = h.index_select(0, rows.out_rows);
+        if (lora) lora_slots = lora_slots.index_select(0, rows.out_rows);
         attn = paged_attention(q.index_select(0, rows.out_rows), k_cache, v_cache,
                                context_slots.index_select(0, rows.out_rows), context_lens.index_select(0, rows.out_rows), scale);
       } else {
