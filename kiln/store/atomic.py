@@ -30,11 +30,31 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)   # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+# read once, at import: os.umask is process-wide, so reading it later could race another thread's write
+_NEW_FILE_MODE = 0o666 & ~_umask()
+
+
+def _mode_for(path: Path) -> int:
+    """The replaced file's permissions, or what open() would give a new one (mkstemp's are 0600)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return _NEW_FILE_MODE
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        with contextlib.suppress(OSError):   # a filesystem without modes keeps the file as mkstemp made it
+            os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
