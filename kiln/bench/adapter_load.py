@@ -50,9 +50,11 @@ def random_adapter_archive(model_path: str, name: str, rank: int, seed: int) -> 
         return b"".join(iter_tar_gz(store.require(name), name))
 
 
-def upload_adapters(endpoint: Endpoint, model_path: str, count: int, rank: int) -> list[str]:
-    """Upload `count` benchmark adapters (kept when a server already has them) and return their names."""
+def upload_adapters(endpoint: Endpoint, model_path: str, count: int, rank: int) -> tuple[list[str], list[str]]:
+    """Upload `count` benchmark adapters (kept when a server already has them). Returns every name and
+    the names this call uploaded, which remove_adapters takes away again after the measurement."""
     names = [f"{ADAPTER_PREFIX}-r{rank}-{i}" for i in range(count)]
+    uploaded: list[str] = []
     with httpx.Client(base_url=endpoint.base_url, timeout=120.0) as client:
         existing = {a.get("name") for a in client.get("/v1/adapters").json().get("available") or []}
         for i, name in enumerate(names):
@@ -62,8 +64,26 @@ def upload_adapters(endpoint: Endpoint, model_path: str, count: int, rank: int) 
             resp = client.post("/v1/adapters/upload", data={"name": name},
                                files={"archive": (f"{name}.tar.gz", archive, "application/gzip")})
             if resp.status_code >= 400:
+                remove_adapters(endpoint, uploaded)
                 raise BenchError(f"{endpoint.name}: uploading adapter {name}: HTTP {resp.status_code}: {resp.text[:300]}")
-    return names
+            uploaded.append(name)
+    return names, uploaded
+
+
+def remove_adapters(endpoint: Endpoint, names: list[str]) -> list[str]:
+    """Delete the named adapters from the server (a `--kiln-url` server is the user's own: the bench
+    leaves it as it found it). Returns the names that could not be deleted."""
+    left: list[str] = []
+    with httpx.Client(base_url=endpoint.base_url, timeout=60.0) as client:
+        for name in names:
+            try:
+                resp = client.delete(f"/v1/adapters/{name}")
+            except httpx.HTTPError:
+                left.append(name)
+                continue
+            if resp.status_code >= 400 and resp.status_code != 404:
+                left.append(name)
+    return left
 
 
 def spread_over(prompts: list[BenchPrompt], adapters: list[str | None]) -> list[BenchPrompt]:

@@ -166,7 +166,24 @@ ADAPTER_RATIO = MetricSpec("adapters.mixed_over_base", "multi-adapter", "adapter
 
 def measure_adapters(ctx: BenchContext, engine: BenchEngine) -> None:
     opts, server = ctx.options, _kiln_server(engine)
-    names = adapter_load.upload_adapters(server.endpoint, opts.model_path, opts.adapter_count, opts.adapter_rank)
+    names, uploaded = adapter_load.upload_adapters(server.endpoint, opts.model_path, opts.adapter_count,
+                                                   opts.adapter_rank)
+    try:
+        b, m = _adapter_runs(ctx, engine, names)
+    finally:
+        left = adapter_load.remove_adapters(server.endpoint, uploaded)
+        if left:
+            ctx.result.note(f"{engine.name}: could not delete the benchmark adapters {', '.join(left)}")
+    ctx.result.record(ADAPTER_BASE, engine.name, b)
+    ctx.result.record(ADAPTER_MIXED, engine.name, m)
+    ctx.result.record(ADAPTER_RATIO, engine.name, m / b if b and m else None)
+    ctx.result.options["multi-adapter streams"] = (f"{opts.adapter_streams} streams; adapters "
+                                                   f"{', '.join(names)} (round robin)")
+
+
+def _adapter_runs(ctx: BenchContext, engine: BenchEngine, names: list[str]) -> tuple[float | None, float | None]:
+    """Median aggregate tok/s of the base-model streams and of the same streams over the adapters."""
+    opts = ctx.options
     prompts = [ctx.prompt(opts.concurrent_prompt_tokens, 50_000 + i) for i in range(opts.adapter_streams)]
     base = adapter_load.spread_over(prompts, [None])
     mixed = adapter_load.spread_over(prompts, list(names))
@@ -178,12 +195,7 @@ def measure_adapters(ctx: BenchContext, engine: BenchEngine) -> None:
             tps = engine.load(batch, len(batch), opts.max_tokens).aggregate_tps
             if tps:
                 runs.append(tps)
-    b, m = median(base_tps), median(mixed_tps)
-    ctx.result.record(ADAPTER_BASE, engine.name, b)
-    ctx.result.record(ADAPTER_MIXED, engine.name, m)
-    ctx.result.record(ADAPTER_RATIO, engine.name, m / b if b and m else None)
-    ctx.result.options["multi-adapter streams"] = (f"{opts.adapter_streams} streams; adapters "
-                                                   f"{', '.join(names)} (round robin)")
+    return median(base_tps), median(mixed_tps)
 
 
 LEARNING_LOOP = MetricSpec("training.learning_loop_s", "live training",

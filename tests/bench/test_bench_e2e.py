@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kiln.bench.options import BenchOptions
@@ -58,3 +59,26 @@ def test_prompt_lengths_are_the_servers_own_counts_near_the_target(tiny_result):
 def test_the_report_renders_from_a_real_run(tiny_result):
     md = render_markdown(tiny_result)
     assert "| **single stream** | decode tok/s after ~40-token prompt | tok/s |" in md
+
+
+def test_a_running_server_keeps_its_own_adapters_and_loses_the_ones_the_bench_uploaded(tmp_path):
+    from kiln.bench import adapter_load
+    from kiln.bench.engines import KilnServerEngine
+
+    model = make_tiny_model(tmp_path / "tiny", arch="llama")
+    server = KilnServerEngine(str(model), threads=1)
+    server.start()
+    try:
+        url = server.endpoint.base_url
+        # one of the bench's names is on the server already, as if the user had kept it
+        adapter_load.upload_adapters(server.endpoint, str(model), count=1, rank=4)
+        options = BenchOptions.preset(
+            str(model), skip_reference=True, out=Path("unused.md"), threads=1, max_tokens=4, kiln_url=url,
+            only=("adapters",), adapter_streams=2, adapter_count=2, adapter_rank=4, adapter_repeats=1)
+        result = run_bench(options, log=lambda _msg: None)
+        assert result.failures == []
+        assert result.value("adapters.mixed_over_base", result.engine_order[0]) > 0
+        available = httpx.get(url + "/v1/adapters").json()["available"]
+        assert sorted(a["name"] for a in available) == [f"{adapter_load.ADAPTER_PREFIX}-r4-0"]
+    finally:
+        server.close()
