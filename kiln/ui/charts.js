@@ -33,7 +33,7 @@ function fmtTick(v) {
 }
 
 // series: [{name, points: [[x, y], ...]}]
-export function lineChart(series, { width = fitWidth(), height = 220, xLabel = "", yLabel = "", yMin = null, id = null } = {}) {
+export function lineChart(series, { width = fitWidth(), height = 220, xLabel = "", yLabel = "", yMin = null, yMaxAtLeast = null, id = null } = {}) {
   const pad = { l: 48, r: 12, t: 12, b: 34 };
   const all = series.flatMap((sr) => sr.points).filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img", id,
@@ -45,6 +45,8 @@ export function lineChart(series, { width = fitWidth(), height = 220, xLabel = "
   let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
   let [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
   if (yMin !== null) y0 = Math.min(y0, yMin);
+  // an idle series (all zeros) keeps a readable axis instead of ticks at 0.025
+  if (yMaxAtLeast !== null) y1 = Math.max(y1, yMaxAtLeast);
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y1 = y0 + Math.abs(y0 || 1) * 0.1; y0 = yMin !== null ? y0 : y0 - Math.abs(y0 || 1) * 0.1; }
   const yt = niceTicks(y0, y1), xt = niceTicks(x0, x1, 5);

@@ -79,6 +79,8 @@ export async function render(root, ctx) {
       const [itlKey, itl] = pick(decode, [/itl.*mean/i, /mean.*itl/i, /itl.*p50/i, /itl/i]);
       // a key in seconds (itl_s, itl_seconds.mean) rather than milliseconds
       itlMs = itl !== null && /(_s|_sec|_seconds)(\.|$)/i.test(itlKey) ? itl * 1000 : itl;
+      // no token in the window: a gap of 0 ms would read as a measurement
+      if (decode.sample_count === 0) itlMs = null;
       source = "from GET /v1/stats/decode (rolling window)";
     }
     if (tokps === null && prev && tokens !== null) {
@@ -94,15 +96,19 @@ export async function render(root, ctx) {
     }
 
     const cm = config?.model || {};
-    const quant = config?.settings?.model?.quantization || config?.effective_inference_config?.model?.quantization;
+    // what the weights resolved to (the model section), and "auto" beside it when the setting chose it
+    const asked = config?.settings?.model?.quantization || config?.effective_inference_config?.model?.quantization;
+    const served = cm.quantization || asked;
+    const quantText = !served ? null
+      : (served === "none" ? "dense (no quantization)" : `quantization ${served}`) + (asked === "auto" && served !== "auto" ? " (auto)" : "");
     const device = cm.device || info?.device || "—";
     const isa = info?.cpu_isa ? `CPU ${info.cpu_isa}` : (device.startsWith("cpu") ? `CPU (${info?.kernels || "kernels ?"})` : device);
     clear(head,
       h("div", { class: "model-line" },
         h("span", { class: "model-id", id: "model-id" }, cm.served_model_id || health.model || "no model"),
         stateBadge(health.status)),
-      h("div", { class: "muted" }, [health.model, cm.architecture, cm.format && `${cm.format} weights`,
-        cm.dtype, quant && quant !== "none" ? `quantization ${quant}` : "dense (no quantization)", health.backend].filter(Boolean).join(" · ")),
+      h("div", { class: "muted", id: "model-summary" }, [health.model, cm.architecture, cm.format && `${cm.format} weights`,
+        cm.dtype, quantText, health.backend].filter(Boolean).join(" · ")),
       h("div", { class: "muted small" }, `weights: ${cm.path || "—"}`));
 
     const sched = health.scheduler || {};
@@ -115,7 +121,7 @@ export async function render(root, ctx) {
     clear(tiles,
       tile("Device", isa, `${device}${info?.kernels ? ` · kernels ${info.kernels}` : ""}`, "tile-device"),
       tile("Uptime", fmtDuration(health.uptime_seconds), `version ${health.version}`, "tile-uptime"),
-      tile("Decode", tokps === null ? "—" : `${fmtNum(tokps)} tok/s`, itlMs === null ? "ITL —" : `ITL ${fmtNum(itlMs, 1)} ms`, "tile-decode"),
+      tile("Decode", tokps === null ? "—" : `${fmtNum(tokps)} tok/s`, itlMs === null ? (tokps === 0 ? "idle" : "ITL —") : `ITL ${fmtNum(itlMs, 1)} ms`, "tile-decode"),
       tile("Sequences", `${sched.running ?? 0} running`, `${sched.waiting ?? 0} waiting${active !== null ? ` · ${active} requests in flight` : ""}`, "tile-seqs"),
       tile("KV cache", fmtPct(usage), `${sched.blocks_used ?? 0} / ${sched.blocks_total ?? 0} blocks · ${fmtNum(health.gpu_memory?.kv_cache_gb * 1024, 0)} MiB`, "tile-kv"),
       tile("Prefix cache", hitRate === null ? "—" : `${fmtPct(hitRate)} hit`, `${fmtNum(hitTokens, 0)} prompt tokens reused`, "tile-prefix"),
@@ -125,7 +131,7 @@ export async function render(root, ctx) {
     document.getElementById("throughput-source").textContent = source || "waiting for a second sample…";
     const t0 = history.length ? history[0][0] : 0;
     clear(chartBox, lineChart([{ name: "tok/s", points: history.map(([t, v]) => [t - t0, v]) }],
-      { height: 180, xLabel: "seconds", yLabel: "tok/s", yMin: 0 }));
+      { height: 180, xLabel: "seconds", yLabel: "tok/s", yMin: 0, yMaxAtLeast: 10 }));
     if (decode) chartBox.append(h("details", {}, h("summary", {}, "decode stats"), h("pre", { class: "json" }, JSON.stringify(decode, null, 2))));
 
     clear(checks, h("ul", { class: "checks" }, (health.checks || []).map((c) =>

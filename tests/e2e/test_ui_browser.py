@@ -130,6 +130,8 @@ def test_root_opens_the_overview_with_the_model_id(server, browser):
     device = css(browser, "#tile-device").text
     assert "CPU" in device or "cuda" in device
     assert "base" in css(browser, "#tile-adapter").text
+    # the weights it resolved to, not the setting's "auto" alone (an HF folder: dense)
+    assert "dense (no quantization) (auto)" in css(browser, "#model-summary").text
     wait(browser, lambda d: "/metrics" in css(browser, "#throughput-source").text
          or "stats/decode" in css(browser, "#throughput-source").text, what="throughput source")
     shoot(browser, "overview", "#model-id")
