@@ -38,12 +38,15 @@ export async function render(root, ctx) {
     return;
   }
   const limit = input({ type: "number", min: "1", value: "50", id: "recent-limit", class: "narrow" });
-  root.append(err, card("Recent requests", h("div", { class: "row" }, h("span", { class: "muted" }, "newest first · show"), limit), box));
+  root.append(err, card("Recent requests", h("div", { class: "row" }, h("span", { class: "muted" }, "newest first (by start time) · show"), limit), box));
   ctx.every(3000, async () => {
     let body;
     try { body = await get(`/v1/stats/recent-requests?limit=${Number(limit.value) || 50}`); } catch (e) { clear(err, errorBox(e)); return; }
     clear(err);
-    const records = Array.isArray(body) ? body : body.data || body.requests || body.records || [];
+    // the server lists them as they finished; the time column is when each started, so sort by it
+    // (a long request that finished last would otherwise sit above newer short ones)
+    const records = (Array.isArray(body) ? body : body.data || body.requests || body.records || [])
+      .map((r, i) => [r, i]).sort(([a, i], [b, j]) => (b.created ?? 0) - (a.created ?? 0) || i - j).map(([r]) => r);
     clear(box, table(["time", "request", "adapter", "prompt → completion", "tokens", "duration", "TTFT", "finish", "status", "thinking budget"],
       records.map((r) => {
         const tb = r.thinking_budget;

@@ -389,6 +389,10 @@ def test_data_page_shows_datasets_splits_and_the_judgment_histogram(server, brow
 
 def test_recent_requests_page_shows_the_table_or_says_the_route_is_missing(server, browser):
     has_route = httpx.get(server.url + "/v1/stats/recent-requests", timeout=10).status_code == 200
+    # a request of its own, so the table has a row when this test runs alone
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
     open_page(browser, server, "requests", "#recent-table" if has_route else "#recent-missing")
     if has_route:
         wait(browser, lambda d: "tiny" in css(browser, "#recent-table").text or "chatcmpl" in css(browser, "#recent-table").text,
@@ -450,7 +454,7 @@ def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browse
     def record(i: int, budget: dict, status: str = "ok") -> dict:
         # the shape GET /v1/stats/recent-requests answers (kiln.engine.records.CompletionRecord.recent)
         return {"id": f"chatcmpl-{i}", "object": "kiln.recent_request", "request_id": f"req-{i}", "kind": "chat",
-                "created": 1_796_000_000 + i, "model": "tiny", "adapter": "base" if i % 2 else "tone",
+                "created": 1_796_000_000 - i, "model": "tiny", "adapter": "base" if i % 2 else "tone",
                 "status": status, "finish_reason": "stop" if status == "ok" else "error", "streamed": bool(i % 2),
                 "prompt_preview": f"question {i}", "completion_preview": f"answer {i}" if status == "ok" else "",
                 "prompt_tokens": 10 + i, "completion_tokens": 5 if status == "ok" else 0, "duration_ms": 120.5,
@@ -477,6 +481,23 @@ def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browse
     assert "rejected" in text[2] and "12 / 0" in text[2]
     assert "Adapter 'nope' not found." in text[2]   # a refused request says why
     shoot(browser, "requests-with-records")
+
+
+def test_recent_requests_are_listed_by_start_time_newest_first(server, browser, stand_in):
+    # the server lists records as they finished: a long request started first can finish last
+    def record(rid: str, created: int) -> dict:
+        return {"id": rid, "object": "kiln.recent_request", "request_id": rid, "kind": "chat", "created": created,
+                "model": "tiny", "adapter": "base", "status": "ok", "finish_reason": "stop", "streamed": False,
+                "prompt_preview": rid, "completion_preview": "ok", "prompt_tokens": 3, "completion_tokens": 2,
+                "duration_ms": 10.0, "ttft_ms": 1.0, "num_choices": 1, "thinking_mode": "template_default",
+                "thinking_budget": {"configured": False, "tokens_source": "unlimited", "time_source": "unlimited"},
+                "correctable": True}
+    finished = [record("chatcmpl-long", 1_796_000_000), record("chatcmpl-new", 1_796_000_020),
+                record("chatcmpl-mid", 1_796_000_010)]
+    stand_in({"GET /v1/stats/recent-requests": {"object": "list", "data": finished}})
+    open_page(browser, server, "requests", "#recent-table")
+    rows = wait(browser, lambda d: d.find_elements("css selector", "#recent-table tbody tr[data-request]"), what="rows")
+    assert [r.get_attribute("data-request") for r in rows] == ["chatcmpl-new", "chatcmpl-mid", "chatcmpl-long"]
 
 
 def test_overview_reads_decode_stats_when_the_server_has_them(server, browser, stand_in):
