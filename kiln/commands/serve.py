@@ -32,9 +32,9 @@ def register(sub) -> None:
                    help="the weights the serving path multiplies with (CPU kernels): 'gguf-float' keeps a GGUF's "
                    "own Q4/Q8 blocks and multiplies them with float activations (the dequantized weights' "
                    "answers from a third of bfloat16's bytes); 'gguf' the same blocks with 8-bit activations, "
-                   "as llama.cpp does; 'none' the dense weights; default 'auto': the dense weights on AVX512-BF16 "
-                   "(whose bf16 dot products read them at the blocks' cost) or a GPU, gguf-float for a "
-                   "Q4/Q8 GGUF on any other CPU")
+                   "as llama.cpp does; 'none' the dense weights; default 'auto': the dense weights on AMD's "
+                   "AVX512-BF16 (whose bf16 dot products outpace float32 FMAs and read them at the blocks' "
+                   "cost) or a GPU, gguf-float for a Q4/Q8 GGUF on any other CPU (AVX2, Intel's AVX-512)")
     p.add_argument("--data-dir", help="where datasets, suites, judgments and adapters live (default ./kiln-data)")
     p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", action="extend",
                    help="PEFT adapter folders to import into the adapter store at start (as vLLM's "

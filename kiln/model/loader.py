@@ -80,18 +80,23 @@ PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
 
 
 def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -> str:
-    """What "auto" (the default) serves. Where the kernels multiply bfloat16 natively and rebuild it
-    from a GGUF's blocks for decode (AVX512-BF16, `codes_serve_here`), the dense weights ("none"): a
-    decode step reads the blocks' bytes, and vdpbf16ps gives batches and prompts twice float32's rate.
-    On any other CPU the kernels run (AVX2), a GGUF whose projections are Q4_0/Q4_1/Q8_0 blocks keeps
-    them, multiplied with float activations ("gguf-float"): the dequantized weights' answers from a
-    third of bfloat16's bytes, where streaming bfloat16 alone would take longer than llama-server's
-    whole token (270 MB a token at 24 GB/s on a 2-core Zen 2). Anything else: the dense weights."""
+    """What "auto" (the default) serves. Where the kernels multiply bfloat16 natively, rebuild it from
+    a GGUF's blocks for decode (AVX512-BF16, `codes_serve_here`) and vdpbf16ps outpaces float32 FMAs
+    (AMD, `kernels.bf16_dot_outpaces_fma`), the dense weights ("none"): a decode step reads the
+    blocks' bytes, and vdpbf16ps gives batches and prompts twice float32's rate. On any other CPU the
+    kernels run (AVX2; Intel's AVX512-BF16, whose vdpbf16ps has half its FMAs' rate), a GGUF whose
+    projections are Q4_0/Q4_1/Q8_0 blocks keeps them, multiplied with float activations ("gguf-float"):
+    the dequantized weights' answers from a third of bfloat16's bytes, where streaming bfloat16 alone
+    would take longer than llama-server's whole token (270 MB a token at 24 GB/s on a 2-core Zen 2),
+    and where rebuilding bfloat16 from the blocks costs an Intel core more than the float32 products
+    (on the Intel Xeon of benchmarks/RESULTS.md one stream 129 -> 173 tok/s, 8 streams 275 -> 296, 16-64
+    streams 1-4% fewer).
+    Anything else: the dense weights."""
     p = Path(path)
     if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
         return "none"
     # (codes_serve_here first: it loads the kernels, so a failed build reads as no kernels below)
-    if codes_serve_here() or not kernels.dense_bf16_fast():
+    if (codes_serve_here() and kernels.bf16_dot_outpaces_fma()) or not kernels.dense_bf16_fast():
         return "none"
     import gguf
 
@@ -122,7 +127,7 @@ def load_model(
     dense path: near-ties between the top tokens can flip. "gguf-float" keeps the blocks with float
     activations instead: a single stream decodes faster than dense bfloat16 (a third of the bytes), but
     float32 FMAs make it compute-bound with many rows (concurrent streams, prefill), where the dense
-    kernel is faster, which is why "none" stays the default.
+    kernel is faster where vdpbf16ps outpaces FMAs: which of the two "auto" picks depends on the CPU.
     "gguf-float" serves the same GGUF blocks with float activations (kernels/qlinear_float.cpp): the
     dequantized weights' products up to float32 rounding, from a third of bfloat16's bytes."""
     if quantization not in QUANTIZATIONS:

@@ -91,13 +91,24 @@ def test_auto_keeps_a_quantized_gguf_packed_with_float32_activations_on_the_avx2
     assert weights.quantization == "gguf-float" and model.dtype == torch.float32
 
 
-def test_auto_serves_the_dense_weights_where_decode_rebuilds_bfloat16_from_the_blocks(tmp_path, monkeypatch):
-    from kiln.model import loader
+def test_auto_serves_the_dense_weights_where_decode_rebuilds_bfloat16_and_vdpbf16ps_is_fast(tmp_path, monkeypatch):
+    from kiln.model import kernels, loader
 
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
     monkeypatch.setattr(loader, "codes_serve_here", lambda: True)   # AVX512-BF16
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "AuthenticAMD")
     assert loader.resolve_quantization(path) == "none"
+
+
+def test_auto_keeps_the_blocks_with_float_activations_where_vdpbf16ps_is_slower_than_fmas(tmp_path, monkeypatch):
+    from kiln.model import kernels, loader
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
+    monkeypatch.setattr(loader, "codes_serve_here", lambda: True)   # AVX512-BF16, from Intel
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "GenuineIntel")
+    assert loader.resolve_quantization(path) == "gguf-float"
 
 
 def test_auto_serves_the_dense_weights_without_the_kernels(tmp_path, monkeypatch):

@@ -133,19 +133,37 @@ def best_isa() -> str | None:
 
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is not there)."""
-    return _cpu_flags()
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD", ...); "" where there is none."""
+    return _cpuinfo_field("vendor_id").strip()
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
+def _cpuinfo_field(name: str) -> str:
+    """The first processor's `name` line of /proc/cpuinfo, after the colon ("" where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value
+    return ""
+
+
+def bf16_dot_outpaces_fma() -> bool:
+    """Whether this CPU's vdpbf16ps (AVX512-BF16) multiplies faster than its float32 FMAs, which
+    decides whether the dense bfloat16 weights are the default (loader.resolve_quantization). AMD's
+    (Zen 4, Zen 5) runs a 512-bit vdpbf16ps a cycle, 32 products, twice what its FMAs give. Intel's
+    (Cooper Lake to Granite Rapids) runs one every two cycles and its vcvtne2ps2bf16 as slowly, while
+    two FMA units give twice vdpbf16ps's products: measured on the 2-core Intel Xeon of
+    benchmarks/RESULTS.md (8 independent chains), 0.55 ns a vdpbf16ps, 0.16 ns an FMA. There the
+    float-activation kernels beat the dense ones at one stream and tie them at 16-64."""
+    return cpu_vendor() != "GenuineIntel"
 
 
 def cpu_isas() -> list[str]:
