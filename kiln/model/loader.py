@@ -90,8 +90,7 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     would take longer than llama-server's whole token (270 MB a token at 24 GB/s on a 2-core Zen 2),
     and where rebuilding bfloat16 from the blocks costs an Intel core more than the float32 products
     (on the Intel Xeon of benchmarks/RESULTS.md one stream 129 -> 173 tok/s, 8 streams 275 -> 296, 16-64
-    streams 1-4% fewer).
-    Anything else: the dense weights."""
+    streams 1-4% fewer). Anything else: the dense weights."""
     p = Path(path)
     if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
         return "none"
