@@ -41,8 +41,9 @@ def test_the_result_is_the_dequantized_weights_product(kind: str, n: int, k: int
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# one-row decode, side-by-side tiles, the prefill panel (AVX2: 3-row blocks, then a 2- or 1-row rest)
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 7, 11])
+# one-row decode, side-by-side tiles, the prefill panel (AVX2: 3-row blocks, then a 2- or 1-row rest;
+# AVX-512: tiles in pairs, 4-row blocks, then a 1- to 3-row rest)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 11])
 def test_every_code_path_gives_identical_bits(kind: str, dtype: torch.dtype, m: int) -> None:
     packed = float_packed(kind, weight(72, 1000))
     x = activations(m, 1000, dtype)

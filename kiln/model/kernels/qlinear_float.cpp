@@ -269,7 +269,9 @@ template <bool Q4, int NT, int MB>
 KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = Q4 ? 256 : 512, SB = Q4 ? 32 : 16;
   const int64_t Kp = p.G * kGroup;
-  const __m512i nib = _mm512_set1_epi32(0x0F), flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  // float(q) for q = 0..15: exactly what converting the masked nibble gives, so the same bits
+  const __m512 nib_float = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[NT][MB];
   for (int a = 0; a < NT; ++a)
     for (int j = 0; j < MB; ++j) acc[a][j] = _mm512_setzero_ps();
@@ -292,8 +294,10 @@ KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float 
         for (int a = 0; a < NT; ++a) {
           __m512 wl, wh;
           if (Q4) {
-            wl = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(vl[a], 8 * i), nib));
-            wh = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(vl[a], 8 * i + 4), nib));
+            // vpermps reads the low 4 bits of each index: the nibble's float from a table, one
+            // operation (on the shuffle port) where masking and converting took two on the FMA ports
+            wl = _mm512_permutexvar_ps(i == 0 ? vl[a] : _mm512_srli_epi32(vl[a], 8 * i), nib_float);
+            wh = _mm512_permutexvar_ps(_mm512_srli_epi32(vl[a], 8 * i + 4), nib_float);
           } else {
             wl = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(vl[a], 24 - 8 * i), 24));
             wh = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(vh[a], 24 - 8 * i), 24));
@@ -405,6 +409,75 @@ KILN_QF_AVX512 void panel_avx512(const Problem& p, int64_t t, int64_t m0, const 
   for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out[j], acc[j]);
 }
 
+// Group g of two tiles side by side for activation rows m0..m0+MB-1, from the group's unpacked slices
+// (in L1), into the rows' running sums acc[j][tile][16]: each activation broadcast feeds both tiles'
+// chains. The whole-tile panels of panel_avx512 (36 KB a tile at K = 576) stream from L2 once per 4
+// rows, and a broadcast per FMA besides: held to the loads' rate, not the FMAs'. Every output gets
+// panel_avx512's operations in its order, so the same bits.
+template <bool Q4, int MB>
+KILN_QF_AVX512 void group2_avx512(const Problem& p, int64_t t, int64_t g, int64_t m0, const float* const* slices,
+                                  float* acc) {
+  constexpr int64_t SB = Q4 ? 32 : 16;
+  const int64_t Kp = p.G * kGroup;
+  __m512 lo[2][MB], hi[2][MB];
+  for (int a = 0; a < 2; ++a)
+    for (int j = 0; j < MB; ++j) lo[a][j] = hi[a][j] = _mm512_setzero_ps();
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t at = ((c * 4 + i) * 2) * kRows;
+      const __m512 wl0 = _mm512_load_ps(slices[0] + at), wh0 = _mm512_load_ps(slices[0] + at + kRows);
+      const __m512 wl1 = _mm512_load_ps(slices[1] + at), wh1 = _mm512_load_ps(slices[1] + at + kRows);
+      for (int j = 0; j < MB; ++j) {
+        const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
+        const __m512 xl = _mm512_set1_ps(xg[4 * c + i]), xh = _mm512_set1_ps(xg[16 + 4 * c + i]);
+        lo[0][j] = _mm512_fmadd_ps(wl0, xl, lo[0][j]);
+        lo[1][j] = _mm512_fmadd_ps(wl1, xl, lo[1][j]);
+        hi[0][j] = _mm512_fmadd_ps(wh0, xh, hi[0][j]);
+        hi[1][j] = _mm512_fmadd_ps(wh1, xh, hi[1][j]);
+      }
+    }
+  for (int a = 0; a < 2; ++a) {
+    const uint16_t* sg = p.scales + ((t + a) * p.G + g) * SB;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+    for (int j = 0; j < MB; ++j) {
+      float* aj = acc + (j * 2 + a) * kRows;
+      __m512 v = _mm512_fmadd_ps(d, _mm512_add_ps(lo[a][j], hi[a][j]), _mm512_loadu_ps(aj));
+      if (Q4) {
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + 16)));
+        v = _mm512_fmadd_ps(mv, _mm512_set1_ps(p.xsum[(m0 + j) * p.G + g]), v);
+      }
+      _mm512_storeu_ps(aj, v);
+    }
+  }
+}
+
+// Rows [0, M) of tiles t and t + 1: group by group, every row block through the group's slices while
+// they sit in L1 (as run_groups_avx2 does), the running sums in a buffer (touched once per group).
+template <bool Q4>
+KILN_QF_AVX512 void run_pair_avx512(const Problem& p, int64_t t) {
+  thread_local std::vector<float> acc_buf;
+  acc_buf.assign(static_cast<size_t>(p.M * 2 * kRows), 0.0f);
+  float* acc = acc_buf.data();
+  alignas(64) float slice[2][kGroup * kRows];
+  const float* slices[2] = {slice[0], slice[1]};
+  for (int64_t g = 0; g < p.G; ++g) {
+    for (int a = 0; a < 2; ++a) {
+      prefetch_ahead<Q4>(p, t + a, g);
+      unpack_group_avx2<Q4>(p, t + a, g, slice[a]);
+    }
+    int64_t m0 = 0;
+    for (; m0 + kMaxMB <= p.M; m0 += kMaxMB) group2_avx512<Q4, kMaxMB>(p, t, g, m0, slices, acc + m0 * 2 * kRows);
+    switch (p.M - m0) {
+      case 1: group2_avx512<Q4, 1>(p, t, g, m0, slices, acc + m0 * 2 * kRows); break;
+      case 2: group2_avx512<Q4, 2>(p, t, g, m0, slices, acc + m0 * 2 * kRows); break;
+      case 3: group2_avx512<Q4, 3>(p, t, g, m0, slices, acc + m0 * 2 * kRows); break;
+      default: break;
+    }
+  }
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int a = 0; a < 2; ++a) store(p, m, t + a, acc + (m * 2 + a) * kRows);
+}
+
 // AVX2, rows [0, M) of tiles [t0, t1) (M above one row block): group by group, every row block through
 // one group's slice while it sits in L1, the rows' running sums in `acc`. A whole tile's panel (36 KB
 // at K = 576) outgrew L1, and streaming it from L2 once per pair of rows held these FMAs at half their
@@ -436,7 +509,9 @@ void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
   thread_local std::vector<float> panel;
   panel.resize(static_cast<size_t>(p.G * kGroup * kRows));
   float out[kMaxMB][kRows];
-  for (int64_t t = t0; t < t1; ++t) {
+  int64_t t = t0;
+  for (; t + 2 <= t1; t += 2) run_pair_avx512<Q4>(p, t);   // tiles in pairs, an odd last one below
+  for (; t < t1; ++t) {
     unpack_avx2<Q4>(p, t, panel.data());
     for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
       const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, p.M - m0));
