@@ -272,6 +272,8 @@ KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float 
   const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
   // float(q) for q = 0..15: exactly what converting the masked nibble gives, so the same bits
   const __m512 nib_float = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // each 128-bit lane's dword k starts at byte 4k (vpshufb indexes within a lane)
+  const __m512i byte_rows = _mm512_set4_epi32(0x0C000000, 0x08000000, 0x04000000, 0);
   __m512 acc[NT][MB];
   for (int a = 0; a < NT; ++a)
     for (int j = 0; j < MB; ++j) acc[a][j] = _mm512_setzero_ps();
@@ -299,8 +301,11 @@ KILN_QF_AVX512 void tiles_avx512(const Problem& p, int64_t t, int64_t m0, float 
             wl = _mm512_permutexvar_ps(i == 0 ? vl[a] : _mm512_srli_epi32(vl[a], 8 * i), nib_float);
             wh = _mm512_permutexvar_ps(_mm512_srli_epi32(vl[a], 8 * i + 4), nib_float);
           } else {
-            wl = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(vl[a], 24 - 8 * i), 24));
-            wh = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(vh[a], 24 - 8 * i), 24));
+            // byte i of each dword to its top by vpshufb, then one arithmetic shift (codes_at_avx2's
+            // way: a shuffle-port operation in place of a shift on the FMA ports)
+            const __m512i top = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(0x00808080u) | (i << 24)), byte_rows);
+            wl = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(vl[a], top), 24));
+            wh = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(vh[a], top), 24));
           }
           for (int j = 0; j < MB; ++j) {
             const float* xg = p.x + (m0 + j) * Kp + g * kGroup;
