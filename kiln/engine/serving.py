@@ -33,7 +33,7 @@ from kiln.errors import KilnError
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
-from kiln.model.loader import LoadedWeights, default_model_path, load_model
+from kiln.model.loader import LoadedWeights, auto_quantization_reason, default_model_path, load_model
 from kiln.model.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -460,6 +460,10 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
              "context %d; weights %s", info.describe(), path, weights.format, info.dtype, device,
              f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
              info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
+    if settings.model.quantization == "auto" and device.type == "cpu" and str(path).endswith(".gguf"):
+        reason = auto_quantization_reason(info.quantization)
+        if reason:
+            log.info("weights: %s", reason)
     engine = Engine(info, tokenizer, template, actor, weights, identity,
                     effective_inference_config(settings, info, runner.backend))
     engine.admission = admission_gate(settings, num_blocks * block_size, max_len)

@@ -110,6 +110,21 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     return "gguf-float" if total and packable * 2 >= total else "none"
 
 
+def auto_quantization_reason(resolved: str) -> str | None:
+    """Why "auto" resolved to `resolved` on this CPU, in a sentence for the startup log (None where
+    there is nothing to explain: a GPU, a dense model, no kernels)."""
+    isa = kernels.active_isa()
+    if resolved == "gguf-float":
+        why = ("this CPU's vdpbf16ps runs at half its float32 FMAs' rate (Intel AVX512-BF16)"
+               if isa == "avx512" and codes_serve_here() else f"no native bfloat16 dot products on the {isa} kernels")
+        return (f"auto serves the GGUF's Q4/Q8 blocks with float32 activations (gguf-float): {why}; "
+                "--quantization none serves dense bfloat16, gguf llama.cpp's 8-bit activations")
+    if resolved == "none" and codes_serve_here() and kernels.bf16_dot_outpaces_fma():
+        return ("auto serves dense bfloat16 (decode rebuilds it from the GGUF's blocks): this CPU's vdpbf16ps "
+                "outpaces its float32 FMAs; --quantization gguf-float keeps the blocks with float32 activations")
+    return None
+
+
 def load_model(
     path: str | Path, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
     quantization: str = "none",
