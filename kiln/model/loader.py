@@ -94,8 +94,8 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     p = Path(path)
     if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
         return "none"
-    # (codes_serve_here first: it loads the kernels, so a failed build reads as no kernels below)
-    if (codes_serve_here() and kernels.bf16_dot_outpaces_fma()) or not kernels.dense_bf16_fast():
+    # (_bf16_decode_wins first: it loads the kernels, so a failed build reads as no kernels below)
+    if _bf16_decode_wins() or not kernels.dense_bf16_fast():
         return "none"
     import gguf
 
@@ -110,6 +110,12 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     return "gguf-float" if total and packable * 2 >= total else "none"
 
 
+def _bf16_decode_wins() -> bool:
+    """Whether dense bfloat16 is auto's choice for a GGUF here: decode rebuilds it from the blocks
+    (AVX512-BF16) and vdpbf16ps outpaces float32 FMAs (AMD)."""
+    return codes_serve_here() and kernels.bf16_dot_outpaces_fma()
+
+
 def auto_quantization_reason(resolved: str) -> str | None:
     """Why "auto" resolved to `resolved` on this CPU, in a sentence for the startup log (None where
     there is nothing to explain: a GPU, a dense model, no kernels)."""
@@ -119,7 +125,7 @@ def auto_quantization_reason(resolved: str) -> str | None:
                if isa == "avx512" and codes_serve_here() else f"no native bfloat16 dot products on the {isa} kernels")
         return (f"auto serves the GGUF's Q4/Q8 blocks with float32 activations (gguf-float): {why}; "
                 "--quantization none serves dense bfloat16, gguf llama.cpp's 8-bit activations")
-    if resolved == "none" and codes_serve_here() and kernels.bf16_dot_outpaces_fma():
+    if resolved == "none" and _bf16_decode_wins():
         return ("auto serves dense bfloat16 (decode rebuilds it from the GGUF's blocks): this CPU's vdpbf16ps "
                 "outpaces its float32 FMAs; --quantization gguf-float keeps the blocks with float32 activations")
     return None
