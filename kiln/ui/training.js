@@ -66,7 +66,7 @@ export async function render(root, ctx) {
     if (wanted) judgmentSel.value = wanted;
     const pairs = h("textarea", { id: "dpo-pairs", rows: 5 }, SAMPLE_PAIRS);
     const dataset = select(datasets.map((d) => [d.name, `${d.name} (${d.num_rows} rows)`]), { id: "dpo-dataset" });
-    const split = select(["train", "validation", "holdout", "all"], { id: "dpo-split" });
+    const split = select(["train", "validation", "holdout"], { id: "dpo-split" });
     const jBox = field("judgment set", judgmentSel, "each A/B row: the winner's reply is chosen, the other rejected; ties and skips are left out");
     const pBox = field("pairs", pairs, 'one {"messages", "chosen", "rejected"} per line (TRL\'s {"prompt", ...} rows too)');
     const dBox = h("div", { class: "grid2" }, field("dataset", dataset), field("split", split));

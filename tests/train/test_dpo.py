@@ -178,3 +178,22 @@ def test_replies_equal_within_max_seq_len_are_a_400(env):
     e = bad(env, {"pairs": [{"messages": prompt, "chosen": chosen, "rejected": rejected}],
                   "config": {"output_name": "bad", "max_seq_len": first_reply_token + 2}})
     assert e.status == 400 and "the same tokens within max_seq_len" in e.message
+
+
+def test_a_raw_dataset_of_trl_rows_trains_and_a_grpo_dataset_is_refused(env, tmp_path):
+    from kiln.data.datasets import DatasetStore
+
+    engine, store, _ = env
+    datasets = DatasetStore(tmp_path / "datasets")
+    trl = [{"prompt": p["messages"], "chosen": [{"role": "assistant", "content": p["chosen"]}],
+            "rejected": [{"role": "assistant", "content": p["rejected"]}]} for p in PAIRS]
+    datasets.create_rows("prefs", trl, fmt="raw")
+    body = {"dataset": "prefs", "config": {"output_name": "from-dataset", "epochs": 1}}
+    p = plan_dpo(parse_model(DpoRequest, body), engine, store, datasets)
+    assert p.stats["pairs"] == datasets.partition_count("prefs", "train") > 0
+    assert p.data.provenance()["dataset"] == "prefs" and p.data.split == "train"
+    datasets.create_rows("groups", [{"messages": PAIRS[0]["messages"], "completions": [{"text": "a", "reward": 1}]}],
+                         fmt="grpo_groups")
+    with pytest.raises(KilnError) as e:
+        plan_dpo(parse_model(DpoRequest, {"dataset": "groups"}), engine, store, datasets)
+    assert (e.value.status, e.value.param) == (400, "dataset") and "'raw' or 'sft_chat'" in e.value.message
