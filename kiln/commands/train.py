@@ -60,6 +60,8 @@ def register(sub) -> None:
     dpo.add_argument("--loss-type", choices=("sigmoid", "ipo"), help="DPO's sigmoid loss (default) or IPO")
     dpo.add_argument("--heldout-percent", type=int,
                      help="share of the prompts held out to score the adapter against its start (default 10)")
+    dpo.add_argument("--min-heldout-win-rate", type=float, metavar="F",
+                     help="do not load the new adapter unless it beats its start on at least F of the held-out pairs")
     dpo.set_defaults(func=lambda a: run_client_command(_submit_dpo, a))
 
     status = cmds.add_parser("status", help="list training jobs, or show / follow one", epilog="with --follow, " + EXIT_HELP)
@@ -177,7 +179,8 @@ def build_body(args, inline_key: str) -> dict[str, Any]:
         config["target_modules"] = [m.strip() for m in args.target_modules.split(",") if m.strip()]
     if args.no_auto_load:
         config["auto_load"] = False
-    for key in ("kl_coeff", "clip_epsilon", "kl_estimator", "beta", "loss_type", "heldout_percent"):
+    for key in ("kl_coeff", "clip_epsilon", "kl_estimator", "beta", "loss_type", "heldout_percent",
+                "min_heldout_win_rate"):
         if getattr(args, key, None) is not None:
             config[key] = getattr(args, key)
     body["config"] = config

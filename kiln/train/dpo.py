@@ -15,7 +15,8 @@ base_adapter), or the bare base. Its log-probabilities are computed once, before
 training and the held-out pairs (`prepare`); a resumed job computes them again from the same start, so
 they are the same numbers. Held-out pairs are scored again after training (`evaluate`): how often the
 new adapter ranks chosen above rejected, against how often the starting adapter did, and how often its
-margin beats the starting adapter's (the win rate against the start).
+margin beats the starting adapter's (the win rate against the start). With `min_heldout_win_rate` that
+win rate gates activation: below it the adapter is saved but not loaded.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class DpoWork:
     heldout: list[DpoPair]
     beta: float
     loss_type: str = "sigmoid"
+    min_win_rate: float | None = None
 
     @property
     def items(self) -> list[DpoPair]:
@@ -158,7 +160,18 @@ class DpoWork:
             assert pair.ref is not None
             ref_margin.append(pair.ref[0] - pair.ref[1])
             margin.append(float(chosen[0] - rejected[0]))
-        return heldout_report(ref_margin, margin, beta=self.beta, average=self.average)
+        report = heldout_report(ref_margin, margin, beta=self.beta, average=self.average)
+        if self.min_win_rate is not None:
+            report["min_win_rate"] = self.min_win_rate
+            report["passed"] = report["win_rate_vs_start"] >= self.min_win_rate
+        return report
+
+    def blocks_activation(self, held_out: dict[str, Any] | None) -> str | None:
+        """Why the new adapter must not be loaded (its held-out gate failed), or None."""
+        if held_out is None or held_out.get("passed") is not False:
+            return None
+        return (f"held-out win rate {held_out['win_rate_vs_start']} against the starting adapter is below "
+                f"config.min_heldout_win_rate {self.min_win_rate}: the adapter was saved but not loaded")
 
 
 def heldout_report(ref_margin: Sequence[float], margin: Sequence[float], *, beta: float,

@@ -2,7 +2,8 @@
 
 Work that needs more than the loop says so: `prepare(model, lora, should_stop)` runs once before the
 first step, on the starting factors (DPO's reference log-probabilities), and `evaluate(model, lora)`
-once after the last, its result recorded as the job's `held_out` (DPO's held-out pairs).
+once after the last, its result recorded as the job's `held_out` (DPO's held-out pairs); when
+`blocks_activation(held_out)` gives a reason, auto_load is skipped and the reason recorded.
 
 The base weights are the ones the serving actor uses -- no copy -- frozen (requires_grad False) and
 never written: only the LoRA factors get gradients. The actor keeps serving meanwhile; the loop
@@ -189,7 +190,10 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
     job.train_receipt["adapter_content_sha256"] = info.content_sha256
     job.progress = 1.0
     # With a post-training gate, activation waits for the gate's verdict (gate_actions.py).
-    if plan.auto_load and not plan.gated:
+    blocked = getattr(plan.work, "blocks_activation", lambda _: None)(job.held_out)
+    if plan.auto_load and not plan.gated and blocked is not None:
+        job.activated, job.activation_error = False, blocked
+    elif plan.auto_load and not plan.gated:
         activate(job, plan.adapter_name, ctx)
 
 

@@ -128,7 +128,12 @@ def plan_dpo(req: DpoRequest, engine: Any, adapters: Any, datasets: Any, suites:
     stats.update(pairs=len(prepared), train_pairs=len(train), heldout_pairs=len(heldout),
                  trained_tokens_per_epoch=sum(p.num_tokens for p in train),
                  truncated=sum(p.chosen.truncated or p.rejected.truncated for p in prepared))
-    work = DpoWork(train, heldout, beta=cfg.beta, loss_type=cfg.loss_type)
+    if cfg.min_heldout_win_rate is not None and not heldout:
+        raise invalid("config.min_heldout_win_rate needs held-out pairs, and this split holds none out "
+                      f"({len(prepared)} pairs, heldout_percent {cfg.heldout_percent})",
+                      param="config.min_heldout_win_rate",
+                      hint="Raise config.heldout_percent, add pairs with other prompts, or drop the gate.")
+    work = DpoWork(train, heldout, beta=cfg.beta, loss_type=cfg.loss_type, min_win_rate=cfg.min_heldout_win_rate)
     return _plan("dpo", cfg, work, data, adapters, stats, post_eval=post_eval, job_id=job_id)
 
 

@@ -76,6 +76,9 @@ class DpoConfig(CommonConfig):
     # Share of the prompts held out (all pairs of a prompt on one side) to measure the job against the
     # starting adapter; 0 trains on every pair and reports no held-out figure.
     heldout_percent: int = Field(10, ge=0, le=50)
+    # A gate on the held-out pairs: below this win rate against the starting adapter the new adapter is
+    # saved but not loaded (auto_load is skipped). None: no gate.
+    min_heldout_win_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
 
 
 class PostEvalRequest(_Strict):

@@ -42,9 +42,9 @@ def test_exactly_one_source_is_required(tmp_path):
 
 def test_dpo_takes_a_judgment_set_or_a_pairs_file_and_its_own_options(tmp_path):
     body = build_body(parse("dpo", "--judgments", "prefs", "--beta", "0.2", "--loss-type", "ipo",
-                            "--heldout-percent", "20", "-o", "pref"), "pairs")
+                            "--heldout-percent", "20", "--min-heldout-win-rate", "0.6", "-o", "pref"), "pairs")
     assert body == {"judgments": "prefs", "config": {"output_name": "pref", "beta": 0.2, "loss_type": "ipo",
-                                                     "heldout_percent": 20}}
+                                                     "heldout_percent": 20, "min_heldout_win_rate": 0.6}}
     path = tmp_path / "p.jsonl"
     row = {"prompt": "Capital of Zorbania?", "chosen": "Quillton.", "rejected": "Paris."}
     path.write_text(json.dumps(row) + "\n")

@@ -197,3 +197,33 @@ def test_a_raw_dataset_of_trl_rows_trains_and_a_grpo_dataset_is_refused(env, tmp
     with pytest.raises(KilnError) as e:
         plan_dpo(parse_model(DpoRequest, {"dataset": "groups"}), engine, store, datasets)
     assert (e.value.status, e.value.param) == (400, "dataset") and "'raw' or 'sft_chat'" in e.value.message
+
+
+def test_a_held_out_win_rate_below_the_gate_saves_the_adapter_but_does_not_load_it(env):
+    from kiln.adapters.active import ActiveAdapter
+    from kiln.data.preferences import PreferencePair, heldout_mask
+
+    engine, store, _ = env
+    active = ActiveAdapter(store)
+    held = heldout_mask([PreferencePair(p["messages"], p["chosen"], p["rejected"]) for p in PAIRS], 30)
+    # the held-out prompts prefer the other reply: what training teaches makes them worse
+    contrary = [{**p, "chosen": p["rejected"], "rejected": p["chosen"]} if h else p
+                for p, h in zip(PAIRS, held, strict=True)]
+    results = {}
+    for name, pairs in (("gate-pass", PAIRS), ("gate-fail", contrary)):
+        p = plan(env, {"pairs": pairs, "config": {"output_name": name, "epochs": 1, "learning_rate": 1e-3,
+                                                  "heldout_percent": 30, "min_heldout_win_rate": 0.5}})
+        job = TrainJob(p.job_id, p.job_type, p.adapter_name, p.config, p.data.provenance(), utc_now_rfc3339())
+        execute(job, p, JobContext(engine, store, active), on_update=lambda: None, should_stop=lambda: False)
+        results[name] = job
+    passed, failed = results["gate-pass"], results["gate-fail"]
+    assert passed.held_out["passed"] is True and passed.activated is True
+    assert failed.held_out["win_rate_vs_start"] == 0.0 and failed.held_out["passed"] is False
+    assert failed.activated is False and "min_heldout_win_rate" in failed.activation_error
+    assert store.exists("gate-fail") and active.name == "gate-pass"
+
+
+def test_a_win_rate_gate_without_held_out_pairs_is_a_400(env):
+    e = bad(env, {"pairs": PAIRS[:3], "config": {"output_name": "bad", "heldout_percent": 0,
+                                                  "min_heldout_win_rate": 0.5}})
+    assert (e.status, e.param) == (400, "config.min_heldout_win_rate")
