@@ -227,3 +227,15 @@ def test_a_win_rate_gate_without_held_out_pairs_is_a_400(env):
     e = bad(env, {"pairs": PAIRS[:3], "config": {"output_name": "bad", "heldout_percent": 0,
                                                   "min_heldout_win_rate": 0.5}})
     assert (e.status, e.param) == (400, "config.min_heldout_win_rate")
+
+
+def test_ipo_in_padded_batches_also_raises_the_held_out_margin(env):
+    p = plan(env, {"pairs": PAIRS, "config": {"output_name": "ipo", "epochs": 3, "learning_rate": 1e-3,
+                                              "loss_type": "ipo", "batch_size": 2, "gradient_accumulation_steps": 2,
+                                              "heldout_percent": 30}})
+    job = run(p, env)
+    assert job.loss_curve[0]["loss"] == pytest.approx(1 / (2 * 0.1) ** 2, rel=1e-4)   # (0 - 1/(2 beta))^2
+    assert job.step == 3 * math.ceil(p.stats["train_pairs"] / 4)
+    held = job.held_out
+    assert held["logprob"] == "per-token mean" and held["win_rate_vs_start"] == 1.0
+    assert held["mean_logprob_margin_after"] > held["mean_logprob_margin_before"]
