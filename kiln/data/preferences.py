@@ -10,8 +10,9 @@ Where pairs come from, all normalized to `PreferencePair`:
   skip rows carry no preference and are left out (and counted).
 
 A reply is one assistant turn; a pair whose replies are identical teaches nothing and is refused. Held-out
-pairs come from the dataset split of split.py with every pair of one prompt in one component, so a held-out
-prompt is never trained on; the split depends only on the prompts, never on row order.
+pairs are a share of the distinct prompts, every pair of a prompt on one side (a held-out prompt is never
+trained on), chosen by the prompts' normalized hashes: the split depends only on the prompts, never on row
+order.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from kiln.core.messages import message_text
 from kiln.data.formats import messages_problem
 from kiln.data.identity import normalized_sha256
 from kiln.data.judgment_rows import JudgmentRow
-from kiln.data.split import RowIdentity, SplitConfig, assign_splits
 
 EXPORT_FORMATS = ("trl", "openai")
-HOLDOUT = "holdout"
 
 
 @dataclass(frozen=True)
@@ -131,16 +130,16 @@ def pairs_from_judgments(name: str, rows: Sequence[JudgmentRow]) -> JudgmentPair
 
 
 def heldout_mask(pairs: Sequence[PreferencePair], percent: int) -> list[bool]:
-    """Which pairs are held out: about `percent` of the prompts (at least one when there are two or more
-    prompts and percent > 0), every pair of a prompt on one side."""
-    if percent <= 0 or not pairs:
+    """Which pairs are held out: round(percent% of the distinct prompts), at least one when there are two
+    or more prompts and percent > 0, never every one; every pair of a prompt on one side. The prompts
+    held out are those whose normalized hash sorts first, so the choice depends on the prompts alone."""
+    keys = [normalized_sha256({"messages": pair.messages}) for pair in pairs]
+    prompts = sorted(set(keys))
+    if percent <= 0 or len(prompts) < 2:
         return [False] * len(pairs)
-    rows = []
-    for i, pair in enumerate(pairs):
-        key = normalized_sha256({"messages": pair.messages})
-        rows.append(RowIdentity(i + 1, key, key))
-    splits = assign_splits(rows, SplitConfig(seed=0, train_percent=100 - percent, validation_percent=0))
-    return [s == HOLDOUT for s in splits]
+    n = min(max(1, round(len(prompts) * percent / 100)), len(prompts) - 1)
+    held = set(prompts[:n])
+    return [key in held for key in keys]
 
 
 def export_rows(pairs: Sequence[PreferencePair], fmt: str) -> list[dict[str, Any]]:

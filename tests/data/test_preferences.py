@@ -95,3 +95,11 @@ def test_export_refuses_an_unknown_format_and_an_unknown_set(judgments):
     with pytest.raises(KilnError) as e:
         judgments.export("nope", "trl")
     assert e.value.status == 404
+
+
+def test_the_held_out_share_is_the_asked_share_of_the_prompts():
+    pairs = [PreferencePair([{"role": "user", "content": f"q{i}"}], "good", "bad") for i in range(40)]
+    assert sum(heldout_mask(pairs, 25)) == 10 and sum(heldout_mask(pairs, 10)) == 4
+    two = pairs[:2]
+    assert sum(heldout_mask(two, 50)) == 1 and sum(heldout_mask(two, 1)) == 1   # at least one, never all
+    assert heldout_mask(pairs[:1], 50) == [False]
