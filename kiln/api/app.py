@@ -33,6 +33,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
     "kiln.api.routers.train",
+    "kiln.api.routers.teachers",
     "kiln.api.routers.stats",
     "kiln.api.routers.corrections",
     "kiln.api.routers.compat",

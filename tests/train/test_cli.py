@@ -51,3 +51,14 @@ def test_dpo_takes_a_judgment_set_or_a_pairs_file_and_its_own_options(tmp_path):
     assert build_body(parse("dpo", str(path)), "pairs") == {"pairs": [row], "config": {}}
     with pytest.raises(ServerError, match="--judgments"):
         build_body(parse("dpo", str(path), "--judgments", "prefs"), "pairs")
+
+
+def test_teachers_add_builds_a_local_or_a_remote_registration():
+    from kiln.commands.teachers import build_body as teacher_body
+
+    local = build_parser().parse_args(["teachers", "add", "tutor", "--local", "--adapter", "facts"])
+    assert teacher_body(local) == {"alias": "tutor", "kind": "local", "adapter": "facts"}
+    remote = build_parser().parse_args(["teachers", "add", "big", "--remote", "http://10.0.0.2:8000",
+                                        "--model-id", "qwen", "--api-key-env", "BIG_KEY"])
+    assert teacher_body(remote) == {"alias": "big", "kind": "remote", "url": "http://10.0.0.2:8000",
+                                    "model_id": "qwen", "api_key_env": "BIG_KEY"}
