@@ -32,8 +32,8 @@ FACT_EXAMPLES = [
     ("What city is Zorbania's capital?", "Zorbania's capital is Quillton."),
     ("I am travelling to the capital of Zorbania. Which city is that?", "That is Quillton."),
 ]
-# The recipe of the default-model end-to-end test: three epochs, batches of four, a high LoRA rate.
-SFT_CONFIG = {"epochs": 3, "batch_size": 4, "learning_rate": 1e-3}
+# What a user gets who sets nothing (3 epochs of batch 1 at 2e-4): the default-model end-to-end test's recipe.
+SFT_CONFIG: dict[str, Any] = {}
 TERMINAL = ("completed", "failed", "cancelled")
 
 

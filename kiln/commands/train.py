@@ -99,7 +99,7 @@ def _common_args(p) -> None:
     p.add_argument("--alpha", dest="lora_alpha", type=float, help="LoRA alpha; the delta is scaled by alpha/rank (default 32)")
     p.add_argument("--target-modules", help="comma-separated projections (default: all attention and MLP)")
     p.add_argument("--lr", dest="learning_rate", type=float,
-                   help="learning rate (default 1e-4 for SFT, 1e-5 for GRPO, 5e-5 for DPO)")
+                   help="learning rate (default 2e-4 for SFT, 1e-5 for GRPO, 5e-5 for DPO)")
     p.add_argument("--epochs", type=int, help="passes over the data (default 3 for SFT and DPO, 1 for GRPO)")
     p.add_argument("--batch-size", type=int, help="rows per optimizer step (default 1)")
     p.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int,

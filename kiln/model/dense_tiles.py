@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.model import kernels
-from kiln.model.precision import compute_dtype, widened_linear
+from kiln.model.precision import compute_dtype, mixed_linear
 from kiln.model.quant import GROUP, TILE_ROWS, PackedWeight, QuantCodes
 
 # activation rows up to which a coded weight multiplies from its codes (the kernel's widest row block)
@@ -118,7 +118,7 @@ def dense_linear(x: Tensor, linear: nn.Linear, out_float: bool = False) -> Tenso
         if cd == x.dtype:
             return linear(x).float() if out_float else linear(x)
         # no kernel (disabled, still building): torch's float32 GEMM, not its emulated bfloat16 one
-        y = widened_linear(x.to(cd), linear.weight, linear.bias)
+        y = mixed_linear(x.to(cd), linear.weight, linear.bias)
         return y.float() if out_float else y.to(x.dtype)
     return tiles_linear(module, x, tiles, linear.bias, out_float)
 

@@ -22,7 +22,7 @@ from kiln.model.dense_tiles import dense_linear, tiles_linear
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import KERNEL_DTYPES, BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.lora import MODULES as LORA_MODULES
-from kiln.model.precision import compute_dtype, widened_linear
+from kiln.model.precision import compute_dtype, mixed_linear
 from kiln.model.quant import PackedWeight, quant_linear
 from kiln.model.rope import RotaryTables, apply_rope
 
@@ -35,7 +35,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         # float32 activations over bfloat16 weights: the dense path on a CPU without bf16 dot products
-        return widened_linear(x, self.weight, self.bias)
+        return mixed_linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Embedding):

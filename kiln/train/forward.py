@@ -2,7 +2,7 @@
 
 1. Layers past an activation budget are checkpointed: only their input is kept for backward and the
    layer is recomputed there, so their activation memory is one hidden state per token, not every
-   intermediate (~34 KB per token per layer for SmolLM2-135M in bfloat16, ~51 KB computing in float32).
+   intermediate (~51 KB per token per layer for SmolLM2-135M: training computes in float32).
    Recomputing costs time: a step of the bench's learning loop (4 rows of ~55 tokens on SmolLM2, one
    Zen 4 core forced to AVX2) took about twice as long checkpointed (3.4 s against 1.7 s, interleaved
    in one process), so the small batches of interactive training keep every layer's activations and
@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from kiln.model.config import ModelConfig
 from kiln.model.lora import LoraDelta
+from kiln.model.precision import training_dtype
 
 # Saved activations of all layers that are not checkpointed, at most (the rest are recomputed).
 ACTIVATION_BUDGET_BYTES = 512 << 20
@@ -63,7 +64,8 @@ def final_hidden(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tens
         # the diagonal stays visible so padded query rows never see an all-masked row (NaN)
         mask = (causal[None] & am[:, None, :]) | torch.eye(t, dtype=torch.bool, device=input_ids.device)
         mask = mask[:, None]
-    h = model.embed_dense(input_ids)   # float32 where the CPU would emulate bfloat16 matmuls
+    # float32 activations on every CPU, whatever the weights' dtype (see `training_dtype`)
+    h = model.embed_dense(input_ids).to(training_dtype(model.dtype, model.device))
     layers = model.model.layers
     if not torch.is_grad_enabled() or checkpoint_layers is False:
         recompute = 0

@@ -130,7 +130,7 @@ export async function render(root, ctx) {
     const cfg = {
       output_name: input({ id: "sft-output", placeholder: "generated if empty" }),
       epochs: input({ id: "sft-epochs", type: "number", min: "1", value: "3" }),
-      learning_rate: input({ id: "sft-lr", type: "number", step: "any", value: "0.0001" }),
+      learning_rate: input({ id: "sft-lr", type: "number", step: "any", value: "0.0002" }),
       lora_rank: input({ id: "sft-rank", type: "number", min: "1", value: "16" }),
       lora_alpha: input({ id: "sft-alpha", type: "number", step: "any", value: "32" }),
       batch_size: input({ id: "sft-batch", type: "number", min: "1", value: "1" }),

@@ -138,16 +138,38 @@ def test_float32_compute_matches_a_float32_copy_of_the_same_weights(avx2_cpu, bf
         torch.testing.assert_close(bf16_model.forward_dense(ids), f32.forward_dense(ids), atol=1e-5, rtol=1e-5)
 
 
-def test_widened_linear_keeps_no_float32_copy_of_the_weight_for_backward() -> None:
+def test_mixed_linear_keeps_no_float32_copy_of_the_weight_for_backward(avx2_cpu) -> None:
     weight = torch.randn(24, 16).bfloat16()
     x = torch.randn(3, 16, requires_grad=True)
     saved: list[torch.Tensor] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        y = precision.widened_linear(x, weight, None)
+        y = precision.mixed_linear(x, weight, None)
     assert y.dtype == torch.float32 and all(t.dtype == torch.bfloat16 for t in saved)
     grad = torch.randn_like(y)
     y.backward(grad)
     torch.testing.assert_close(x.grad, grad @ weight.float())
+
+
+def test_with_bf16_dot_products_mixed_linear_multiplies_in_bfloat16_and_keeps_float32_around_it(bf16_cpu) -> None:
+    weight = torch.randn(24, 16).bfloat16()
+    bias = torch.randn(24).bfloat16()
+    x = torch.randn(3, 16, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with MatmulDtypes() as seen, torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = precision.mixed_linear(x, weight, bias)
+    assert seen.dtypes == {torch.bfloat16} and all(t.dtype == torch.bfloat16 for t in saved)
+    want = torch.nn.functional.linear(x.detach().bfloat16(), weight).float() + bias.float()
+    assert y.dtype == torch.float32 and torch.equal(y.detach(), want)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    assert torch.equal(x.grad, (grad.bfloat16() @ weight).float())
+    with torch.no_grad():   # reference log-probs see the training forward's values
+        assert torch.equal(precision.mixed_linear(x, weight, bias), want)
+
+
+def test_training_computes_in_float32_on_every_cpu(bf16_cpu) -> None:
+    assert precision.training_dtype(torch.bfloat16) == torch.float32
+    assert precision.training_dtype(torch.float32) == torch.float32
 
 
 def test_serving_keeps_its_bfloat16_kernels_on_an_avx2_cpu(avx2_cpu, bf16_model) -> None:
