@@ -13,6 +13,8 @@ from kiln.engine.chat_request import AdapterSelection, ChatInput
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 MAX_OUTPUTS = 64  # CHAT_MAX_CHOICES and BATCH_MAX_TOTAL_OUTPUTS
+OUTPUT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                 "guided_grammar", "json_schema", "grammar")
 
 
 class ChatMessageInput(BaseModel):
@@ -64,7 +66,18 @@ class GenerationFields(BaseModel):
     adapters: list[AdapterRef] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Output constraints beyond the contract (OpenAI, vLLM, llama.cpp spellings; kiln.core.output_grammar).
+    # They change what a response says, never its shape.
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    json_schema: Any = None
+    grammar: Any = None
 
     @field_validator("n")
     @classmethod
@@ -108,7 +121,11 @@ class GenerationFields(BaseModel):
             adapter=AdapterSelection(self.adapter, self.adapters, "adapter" in self.model_fields_set, both_adapters,
                                      model=self.model),
             max_tokens_param=self.max_tokens_param, code=code, prefix=prefix,
+            parallel_tool_calls=self.parallel_tool_calls, output_fields=self.output_fields(),
         )
+
+    def output_fields(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in OUTPUT_FIELDS if getattr(self, k) is not None}
 
     def budget_fields(self) -> dict[str, Any]:
         """The thinking-budget fields the request carried (absent = inherit, null = unlimited)."""
