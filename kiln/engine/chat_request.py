@@ -308,12 +308,12 @@ def prepare_chat(engine: Engine, inp: ChatInput, settings: ServerSettings, *, st
         target = resolve_adapter(engine, inp.adapter, prefix=inp.prefix)
     kwargs = effective_template_kwargs(inp.chat_template_kwargs,
                                        default_thinking_enabled=settings.default_thinking_enabled)
+    grammar = resolve_grammar(engine, inp)   # a field the grammar cannot use is a 400 before any rendering
     t0 = now()
     rendered = render_prompt(engine, inp.messages, inp.tools, kwargs, prefix=inp.prefix)
     timeline.tokenization_ms = (now() - t0) * 1000.0
     params = resolve_params(engine, inp, settings)
     params.max_tokens = clamp_to_context(engine, len(rendered.prompt_ids), params.max_tokens)
-    grammar = resolve_grammar(engine, inp)
     _grammar_params(params, grammar)
     budget = _resolved_budget(inp, settings)
     close_ids = engine.close_think_ids

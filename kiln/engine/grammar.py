@@ -127,6 +127,10 @@ class GrammarRefusal(KilnError):
         self.reason = reason
 
 
+REFUSAL_REASONS = ("invalid_field", "unresolvable_ref", "unsatisfiable", "unsupported_feature", "limits",
+                   "regex_error", "compile_error")
+
+
 def refusal_reason(message: str) -> str:
     """A bounded label for why llguidance refused a grammar (kiln_structured_refusals_total)."""
     low = message.lower()

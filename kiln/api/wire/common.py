@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from kiln.engine.chat_request import AdapterSelection, ChatInput
+from kiln.errors import KilnError
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
@@ -66,18 +67,19 @@ class GenerationFields(BaseModel):
     adapters: list[AdapterRef] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # Output constraints beyond the contract (OpenAI, vLLM, llama.cpp spellings; kiln.core.output_grammar).
-    # They change what a response says, never its shape.
-    response_format: Any = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    json_schema: Any = None
-    grammar: Any = None
+    # Output constraints beyond the contract (OpenAI, vLLM, llama.cpp spellings; kiln.core.output_grammar)
+    # and parallel_tool_calls: read beside the contract's fields, not declared as fields, so the model
+    # stays the contract's. They change what a response says, never its shape.
+    _beyond: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_beyond(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._beyond = {k: data[k] for k in (*OUTPUT_FIELDS, "parallel_tool_calls") if data.get(k) is not None}
+        return model
 
     @field_validator("n")
     @classmethod
@@ -125,7 +127,16 @@ class GenerationFields(BaseModel):
         )
 
     def output_fields(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in OUTPUT_FIELDS if getattr(self, k) is not None}
+        """The output-constraint fields the request sent (None values count as absent)."""
+        return {k: v for k, v in self._beyond.items() if k in OUTPUT_FIELDS}
+
+    @property
+    def parallel_tool_calls(self) -> bool | None:
+        value = self._beyond.get("parallel_tool_calls")
+        if value is not None and not isinstance(value, bool):
+            raise KilnError(400, "chat_invalid_request", f"parallel_tool_calls must be a boolean, got {value!r}",
+                            param="parallel_tool_calls", hint="Send true or false.")
+        return value
 
     def budget_fields(self) -> dict[str, Any]:
         """The thinking-budget fields the request carried (absent = inherit, null = unlimited)."""
