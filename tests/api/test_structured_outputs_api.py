@@ -166,3 +166,36 @@ def test_metrics_count_structured_requests_refusals_and_mask_time(client):
     assert lines['kiln_structured_refusals_total{reason="invalid_field"}'] >= 1
     assert lines["kiln_structured_mask_seconds_total"] > 0
     assert lines["kiln_structured_mask_rows_total"] >= 1
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    """A tiny Qwen3-style model whose prompt opens a reasoning block, its vocabulary wider than its tokenizer's."""
+    from fastapi.testclient import TestClient
+
+    from kiln.api.app import create_app
+    from kiln.api.state import ServerState
+    from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
+    from kiln.engine.serving import build_engine
+    from kiln.testing.tiny import make_tiny_model
+
+    root = tmp_path_factory.mktemp("thinking")
+    model = make_tiny_model(root / "q", arch="qwen3", init_std=0.3, thinking_prompt=True, extra_vocab=7)
+    settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="q"),
+                        data=DataSettings(data_dir=str(root / "data")), engine=EngineSettings(kv_cache_memory_mb=8))
+    state = ServerState(settings=settings)
+    state.engine = build_engine(settings)
+    try:
+        yield TestClient(create_app(settings, state, routers=ROUTERS))
+    finally:
+        state.engine.shutdown()
+
+
+def test_on_a_thinking_prompt_the_grammar_applies_after_the_reasoning(thinking):
+    body = ok(thinking.post("/v1/chat/completions", json={
+        "messages": MSG, "max_tokens": 60, "seed": 2, "thinking_budget_tokens": 6,
+        "structured_outputs": {"choice": ["alpha", "beta"]}}))
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"]   # free text, not held to the grammar
+    assert message["content"] in ("alpha", "beta")
+    assert body["choices"][0]["finish_reason"] == "stop"
