@@ -56,9 +56,40 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def closed_objects(schema: Any) -> Any:
+    """The schema with every object that lists `properties` and says nothing of `additionalProperties`
+    (or `patternProperties`) closed to other keys, as OpenAI's strict mode and xgrammar do: every output
+    still validates, and a small model cannot invent keys until max_tokens. `allOf` is left as written
+    (closing its branches would exclude each other's properties)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    if "allOf" in out:
+        return out
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v) for v in out[key]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = closed_objects(out[key])
+    if isinstance(out.get("properties"), Mapping) and "additionalProperties" not in out \
+            and "patternProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def json_schema_grammar(schema: Mapping[str, Any], *, kind: str, param: str) -> OutputGrammar:
-    """A JSON-schema grammar; Kiln's whitespace rule overrides any `x-guidance` the schema carries."""
-    schema = dict(schema)
+    """A JSON-schema grammar: objects closed (`closed_objects`), and Kiln's whitespace rule overriding any
+    `x-guidance` the schema carries."""
+    schema = dict(closed_objects(schema))
     guidance = schema.get("x-guidance")
     schema["x-guidance"] = {**(guidance if isinstance(guidance, Mapping) else {}), **JSON_WHITESPACE}
     doc = {"grammars": [{"name": "json_schema", "json_schema": schema}]}

@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kiln.core.output_grammar import JSON_WHITESPACE, OutputGrammar, canonical_json, lark_grammar, lark_string
+from kiln.core.output_grammar import (
+    JSON_WHITESPACE,
+    OutputGrammar,
+    canonical_json,
+    closed_objects,
+    lark_grammar,
+    lark_string,
+)
 from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN
 from kiln.errors import KilnError
 
@@ -34,7 +41,7 @@ def _functions(tools: Sequence[Any] | None) -> list[tuple[str, Mapping[str, Any]
 
 
 def _call_schema(name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": dict(parameters)},
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": closed_objects(parameters)},
             "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_WHITESPACE}
 
 

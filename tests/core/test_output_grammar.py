@@ -166,3 +166,17 @@ def test_none_forbids_the_tool_call_tag():
 def test_an_unknown_tool_choice_is_a_400():
     with pytest.raises(KilnError):
         tools("sometimes")
+
+
+def test_objects_listing_properties_are_closed_unless_the_schema_says_otherwise():
+    g = build(json_schema={"type": "object", "properties": {
+        "inner": {"type": "object", "properties": {"x": {}}},
+        "open": {"type": "object", "properties": {"y": {}}, "additionalProperties": True},
+        "list": {"type": "array", "items": {"type": "object", "properties": {"z": {}}}},
+        "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}}})
+    schema = doc(g)["json_schema"]
+    props = schema["properties"]
+    assert schema["additionalProperties"] is False and props["inner"]["additionalProperties"] is False
+    assert props["open"]["additionalProperties"] is True
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert all("additionalProperties" not in branch for branch in props["both"]["allOf"])

@@ -109,3 +109,13 @@ def test_a_schema_the_engine_cannot_enforce_is_a_bad_request(client, model):
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
                 "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}})
     assert e.value.body["param"] == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output(server, model, method):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model=model, temperature=0, max_tokens=120,
+                     timeout=180)
+    city = llm.with_structured_output(City, method=method).invoke("Describe Paris as a city record.")
+    assert isinstance(city, City) and city.name

@@ -20,7 +20,7 @@ from hypothesis.internal.conjecture import utils as _cu
 from hypothesis_jsonschema import _from_schema as _hjs
 from hypothesis_jsonschema import from_schema
 
-from kiln.core.output_grammar import json_schema_grammar
+from kiln.core.output_grammar import closed_objects, json_schema_grammar
 from kiln.testing.tiny import tiny_tokenizer
 
 BASELINE = Path(__file__).with_name("grammar_refused_schemas.json")
@@ -139,8 +139,8 @@ def accepts(name: str, ll, value) -> bool:
 
 
 def in_schema_order(schema: dict, value, defs: dict | None = None):
-    """The instance with each object's keys in the order the schema lists them (the order the grammar
-    generates; JSON object order carries no meaning)."""
+    """The instance as the grammar writes it: each object's keys in the order the schema lists them (JSON
+    object order carries no meaning), and no keys beyond those of an object Kiln closes."""
     defs = defs if defs is not None else schema.get("$defs", {})
     if isinstance(schema, dict) and "$ref" in schema:
         return in_schema_order(defs[schema["$ref"].split("/")[-1]], value, defs)
@@ -150,6 +150,8 @@ def in_schema_order(schema: dict, value, defs: dict | None = None):
             order += [k for k in sub.get("properties", {}) if k not in order and k in value]
         props = {k: v for sub in [schema, *schema.get("allOf", [])] for k, v in sub.get("properties", {}).items()}
         ordered = {k: in_schema_order(props.get(k, {}), value[k], defs) for k in order}
+        if closed_objects(schema).get("additionalProperties") is False:
+            return ordered   # Kiln closes objects that list properties: the grammar writes no other keys
         return {**ordered, **{k: v for k, v in value.items() if k not in ordered}}
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [in_schema_order(schema["items"], v, defs) for v in value]
