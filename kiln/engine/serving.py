@@ -165,9 +165,7 @@ class Engine:
         self.actor = actor
         self.weights = weights
         self._bridge = ActorBridge(actor)
-        # output grammars (response_format, structured_outputs, tool_choice): compiled here (compile counters),
-        # matched on the actor (the runner counts masks and mid-generation failures)
-        self.grammars = GrammarCompiler(tokenizer, info.config.vocab_size)
+        self._grammars: GrammarCompiler | None = None
         self.identity = identity
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
@@ -342,6 +340,14 @@ class Engine:
     def cpu_kernels(self) -> dict[str, Any] | None:
         """The C++ kernels' ISA in use, what the CPU offers and whether they run (None off the CPU)."""
         return kernels.isa_report() if self.info.device.startswith("cpu") else None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Output grammars (response_format, structured_outputs, tool_choice) are compiled here (compile
+        counters) and matched on the actor (the runner counts masks and mid-generation failures)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.info.config.vocab_size)
+        return self._grammars
 
     @property
     def tool_tag_ids(self) -> tuple[int, int] | None:
