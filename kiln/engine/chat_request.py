@@ -180,26 +180,34 @@ def resolve_params(engine: Engine, inp: ChatInput, settings: ServerSettings) -> 
 
 
 def resolve_grammar(engine: Engine, inp: ChatInput) -> CompiledGrammar | None:
-    """The request's output grammar, compiled (kiln.engine.grammar), or None for free text. One grammar
-    per request: response_format-like fields and a forcing tool_choice cannot both constrain it, and
-    stop strings cannot cut a constrained output (the grammar decides where it ends)."""
+    """The chat or batch request's output grammar, compiled (kiln.engine.grammar), or None for free text."""
+    return compile_output_grammar(engine, inp.output_fields, tools=inp.tools, tool_choice=inp.tool_choice,
+                                  parallel_tool_calls=inp.parallel_tool_calls, stops=inp.user_stops,
+                                  code=inp.code, prefix=inp.prefix)
+
+
+def compile_output_grammar(engine: Engine, fields: dict[str, Any], *, tools: list[Any] | None = None,
+                           tool_choice: Any = None, parallel_tool_calls: bool | None = None,
+                           stops: list[str] | None = None, code: str, prefix: str = "") -> CompiledGrammar | None:
+    """One grammar per request: response_format-like fields and a forcing tool_choice cannot both
+    constrain it, and stop strings cannot cut a constrained output (the grammar decides where it ends).
+    Every request with a grammar counts by kind, every refusal by reason (/metrics)."""
     counters = engine.grammars.counters
     try:
-        spec = output_grammar(inp.output_fields, code=inp.code, gbnf_to_lark=gbnf_to_lark)
-        tools = tool_grammar(inp.tools, inp.tool_choice, inp.parallel_tool_calls, code=inp.code,
-                             tag_ids=engine.tool_tag_ids)
-        if spec is not None and tools is not None and tools.kind == "tool_call":
-            raise KilnError(400, inp.code, f"{inp.prefix}{spec.param} and tool_choice both constrain the output; "
+        spec = output_grammar(fields, code=code, gbnf_to_lark=gbnf_to_lark)
+        forced = tool_grammar(tools, tool_choice, parallel_tool_calls, code=code, tag_ids=engine.tool_tag_ids)
+        if spec is not None and forced is not None and forced.kind == "tool_call":
+            raise KilnError(400, code, f"{prefix}{spec.param} and tool_choice both constrain the output; "
                             "give one", param=spec.param,
                             hint='Drop response_format, or use tool_choice "auto" / "none".')
-        chosen: OutputGrammar | None = spec or tools
+        chosen: OutputGrammar | None = spec or forced
         if chosen is None:
             return None
-        if inp.user_stops:
-            raise KilnError(400, inp.code, f"{inp.prefix}stop strings cannot be combined with {chosen.param}: "
+        if stops:
+            raise KilnError(400, code, f"{prefix}stop strings cannot be combined with {chosen.param}: "
                             "the output grammar decides where the output ends", param="stop",
                             hint="Drop stop, or express the end in the grammar.")
-        compiled = engine.grammars.compile(chosen, code=inp.code)
+        compiled = engine.grammars.compile(chosen, code=code)
     except GrammarRefusal as e:
         counters.refusals[e.reason] += 1
         raise

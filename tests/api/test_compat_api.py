@@ -240,3 +240,15 @@ def test_tokens_generated_under_an_adapter_are_its_own_greedy_top_logprobs(clien
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
         # ... and the scores come from the same adapter: each greedy token is its own top-1
         assert value == pytest.approx(max(top.values()), abs=1e-4) and tok in top
+
+
+def test_legacy_completions_honour_vllm_structured_outputs(client):
+    body = client.post(URL, json={"prompt": ["Colour:", "Another colour:"], "max_tokens": 10, "n": 2, "seed": 1,
+                                  "temperature": 1.0, "structured_outputs": {"choice": ["red", "blue"]}}).json()
+    assert [c["text"] for c in body["choices"]] and all(c["text"] in ("red", "blue") for c in body["choices"])
+    assert all(c["finish_reason"] == "stop" for c in body["choices"])
+
+
+def test_legacy_completions_refuse_a_grammar_that_does_not_compile_naming_it(client):
+    r = client.post(URL, json={"prompt": "x", "guided_regex": "(unclosed"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"

@@ -40,7 +40,35 @@ class AdapterRef(BaseModel):
     scale: float
 
 
-class GenerationFields(BaseModel):
+class BeyondContract(BaseModel):
+    """Output constraints beyond the contract (OpenAI, vLLM, llama.cpp spellings; kiln.core.output_grammar)
+    and parallel_tool_calls: read beside a model's declared fields, not declared themselves, so the wire
+    model stays exactly the contract's. They change what a response says, never its shape."""
+
+    _beyond: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_beyond(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._beyond = {k: data[k] for k in (*OUTPUT_FIELDS, "parallel_tool_calls") if data.get(k) is not None}
+        return model
+
+    def output_fields(self) -> dict[str, Any]:
+        """The output-constraint fields the request sent (None values count as absent)."""
+        return {k: v for k, v in self._beyond.items() if k in OUTPUT_FIELDS}
+
+    @property
+    def parallel_tool_calls(self) -> bool | None:
+        value = self._beyond.get("parallel_tool_calls")
+        if value is not None and not isinstance(value, bool):
+            raise KilnError(400, "chat_invalid_request", f"parallel_tool_calls must be a boolean, got {value!r}",
+                            param="parallel_tool_calls", hint="Send true or false.")
+        return value
+
+
+class GenerationFields(BeyondContract):
     """Sampling, length, stop, seed, thinking-budget, adapter and template fields of chat and batch."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -68,19 +96,6 @@ class GenerationFields(BaseModel):
     tools: list[Any] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # Output constraints beyond the contract (OpenAI, vLLM, llama.cpp spellings; kiln.core.output_grammar)
-    # and parallel_tool_calls: read beside the contract's fields, not declared as fields, so the model
-    # stays the contract's. They change what a response says, never its shape.
-    _beyond: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _read_beyond(cls, data: Any, handler: Any) -> Any:
-        model = handler(data)
-        if isinstance(data, dict):
-            model._beyond = {k: data[k] for k in (*OUTPUT_FIELDS, "parallel_tool_calls") if data.get(k) is not None}
-        return model
-
     @field_validator("n")
     @classmethod
     def _n_positive(cls, v: int | None) -> int | None:
@@ -125,18 +140,6 @@ class GenerationFields(BaseModel):
             max_tokens_param=self.max_tokens_param, code=code, prefix=prefix,
             parallel_tool_calls=self.parallel_tool_calls, output_fields=self.output_fields(),
         )
-
-    def output_fields(self) -> dict[str, Any]:
-        """The output-constraint fields the request sent (None values count as absent)."""
-        return {k: v for k, v in self._beyond.items() if k in OUTPUT_FIELDS}
-
-    @property
-    def parallel_tool_calls(self) -> bool | None:
-        value = self._beyond.get("parallel_tool_calls")
-        if value is not None and not isinstance(value, bool):
-            raise KilnError(400, "chat_invalid_request", f"parallel_tool_calls must be a boolean, got {value!r}",
-                            param="parallel_tool_calls", hint="Send true or false.")
-        return value
 
     def budget_fields(self) -> dict[str, Any]:
         """The thinking-budget fields the request carried (absent = inherit, null = unlimited)."""

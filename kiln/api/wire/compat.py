@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from kiln.api.wire.common import U64_MAX
+from kiln.api.wire.common import U64_MAX, BeyondContract
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_N = 16
@@ -21,8 +21,9 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class LegacyCompletionRequest(_Body):
-    """OpenAI's legacy completions body, as vLLM takes it (with its sampling extras)."""
+class LegacyCompletionRequest(_Body, BeyondContract):
+    """OpenAI's legacy completions body, as vLLM takes it (with its sampling extras and its output
+    constraints: response_format, structured_outputs, guided_*; llama.cpp's json_schema, grammar)."""
 
     model: str | None = None
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
