@@ -119,3 +119,14 @@ def test_langchain_with_structured_output(server, model, method):
                      timeout=180)
     city = llm.with_structured_output(City, method=method).invoke("Describe Paris as a city record.")
     assert isinstance(city, City) and city.name
+
+
+def test_pydantic_ai_agent_with_a_structured_output_type(server, model):
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    chat_model = OpenAIChatModel(model, provider=OpenAIProvider(base_url=server.base_url, api_key="unused"))
+    agent = Agent(chat_model, output_type=City, model_settings={"temperature": 0, "max_tokens": 120}, retries=0)
+    result = agent.run_sync("Describe Paris as a city record.")
+    assert isinstance(result.output, City) and result.output.name
