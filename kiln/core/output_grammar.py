@@ -250,7 +250,13 @@ def output_grammar(fields: Mapping[str, Any], *, code: str, gbnf_to_lark: Any) -
                                                                     kind="json_schema", param="json_schema")))
     if "grammar" in present:
         families.append(("grammar", lambda: _grammar_text(present["grammar"], "grammar", code, gbnf_to_lark)))
-    built = [(name, make()) for name, make in families]
+    built = []
+    for name, make in families:
+        try:
+            built.append((name, make()))
+        except RecursionError:
+            raise _bad(f"{name} is nested too deeply to compile", name, "Flatten the schema or grammar.",
+                       code) from None
     active = [(name, g) for name, g in built if g is not None]
     if len(active) > 1:
         names = ", ".join(name for name, _ in active)

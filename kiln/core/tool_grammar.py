@@ -67,6 +67,14 @@ def no_call_grammar(*, param: str) -> OutputGrammar:
     return lark_grammar(lark, kind="no_tool_call", param=param)
 
 
+def _nested_guard(build: Any, code: str) -> OutputGrammar:
+    try:
+        return build()
+    except RecursionError:
+        raise KilnError(400, code, "tools[].function.parameters is nested too deeply to compile", param="tools",
+                        hint="Flatten the parameters schema.") from None
+
+
 def tool_grammar(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None, *,
                  code: str, tag_ids: tuple[int, int] | None = None) -> OutputGrammar | None:
     """The grammar tool_choice asks for, or None; a 400 naming `tool_choice` when it cannot be met.
@@ -83,8 +91,8 @@ def tool_grammar(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_ca
         if not functions:
             raise bad('tool_choice "required" needs at least one function in tools', "tool_choice",
                       "Send the functions in tools, or use tool_choice \"auto\".")
-        return forced_call_grammar(functions, parallel=parallel_tool_calls is not False, param="tool_choice",
-                                   tag_ids=tag_ids)
+        return _nested_guard(lambda: forced_call_grammar(functions, parallel=parallel_tool_calls is not False,
+                                                         param="tool_choice", tag_ids=tag_ids), code)
     if isinstance(tool_choice, Mapping):
         fn = tool_choice.get("function")
         name = fn.get("name") if isinstance(fn, Mapping) else None
@@ -96,6 +104,7 @@ def tool_grammar(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_ca
         if not chosen:
             raise bad(f"tool_choice names function {name!r}, which tools does not define",
                       "tool_choice.function.name", "Name one of the functions in tools.")
-        return forced_call_grammar(chosen, parallel=False, param="tool_choice.function.name", tag_ids=tag_ids)
+        return _nested_guard(lambda: forced_call_grammar(chosen, parallel=False, param="tool_choice.function.name",
+                                                         tag_ids=tag_ids), code)
     raise bad(f"tool_choice {tool_choice!r} is not supported", "tool_choice",
               'Use "none", "auto", "required" or {"type": "function", "function": {"name": ...}}.')

@@ -180,3 +180,14 @@ def test_objects_listing_properties_are_closed_unless_the_schema_says_otherwise(
     assert props["open"]["additionalProperties"] is True
     assert props["list"]["items"]["additionalProperties"] is False
     assert all("additionalProperties" not in branch for branch in props["both"]["allOf"])
+
+
+def test_a_schema_nested_past_the_recursion_limit_is_a_400_not_a_crash():
+    deep: dict = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    assert refusal(json_schema=deep).param == "json_schema"
+    with pytest.raises(KilnError) as e:
+        tool_grammar([{"type": "function", "function": {"name": "f", "parameters": deep}}], "required", None,
+                     code=CODE)
+    assert e.value.status == 400 and e.value.param == "tools"
