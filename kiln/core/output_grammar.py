@@ -27,8 +27,9 @@ from typing import Any
 from kiln.errors import KilnError
 
 # JSON as json.dumps writes it: ", " and ": " between items, no other whitespace, so a small model
-# cannot pad an answer with blank lines up to max_tokens.
-JSON_WHITESPACE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# cannot pad an answer with blank lines up to max_tokens; and never lenient (a schema's own x-guidance
+# cannot make llguidance skip keywords it does not implement: those are refused, not ignored).
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False}
 MAX_CHOICES = 1024
 MAX_GRAMMAR_CHARS = 200_000
 
@@ -87,11 +88,11 @@ def closed_objects(schema: Any) -> Any:
 
 
 def json_schema_grammar(schema: Mapping[str, Any], *, kind: str, param: str) -> OutputGrammar:
-    """A JSON-schema grammar: objects closed (`closed_objects`), and Kiln's whitespace rule overriding any
-    `x-guidance` the schema carries."""
+    """A JSON-schema grammar: objects closed (`closed_objects`), and Kiln's JSON options (whitespace, never
+    lenient) overriding any `x-guidance` the schema carries."""
     schema = dict(closed_objects(schema))
     guidance = schema.get("x-guidance")
-    schema["x-guidance"] = {**(guidance if isinstance(guidance, Mapping) else {}), **JSON_WHITESPACE}
+    schema["x-guidance"] = {**(guidance if isinstance(guidance, Mapping) else {}), **JSON_OPTIONS}
     doc = {"grammars": [{"name": "json_schema", "json_schema": schema}]}
     return OutputGrammar(kind, param, canonical_json(doc))
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiln.core.output_grammar import (
-    JSON_WHITESPACE,
+    JSON_OPTIONS,
     OutputGrammar,
     canonical_json,
     closed_objects,
@@ -42,7 +42,7 @@ def _functions(tools: Sequence[Any] | None) -> list[tuple[str, Mapping[str, Any]
 
 def _call_schema(name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {"name": {"const": name}, "arguments": closed_objects(parameters)},
-            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_WHITESPACE}
+            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_OPTIONS}
 
 
 def _tag(text: str, token_id: int | None) -> str:

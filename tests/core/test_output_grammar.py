@@ -51,9 +51,11 @@ def test_json_schema_is_enforced_strict_or_not(strict):
 
 
 def test_kiln_whitespace_rule_overrides_the_schemas_own_x_guidance():
-    g = build(json_schema={**SCHEMA, "x-guidance": {"whitespace_flexible": True, "coerce_one_of": True}})
+    g = build(json_schema={**SCHEMA, "x-guidance": {"whitespace_flexible": True, "coerce_one_of": True,
+                                                    "lenient": True}})
     guidance = doc(g)["json_schema"]["x-guidance"]
     assert guidance["whitespace_flexible"] is False and guidance["coerce_one_of"] is True
+    assert guidance["lenient"] is False   # unimplemented keywords are refused, never skipped
 
 
 def test_a_schema_sent_as_text_or_object_has_the_same_cache_key():

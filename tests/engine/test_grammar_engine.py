@@ -160,6 +160,7 @@ def test_a_thinking_prompts_grammar_starts_after_the_reasoning_closes(engine):
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "unresolvable_ref"),
     ({"type": "integer", "minimum": 5, "maximum": 2}, "unsatisfiable"),
     ({"type": "string", "format": "not-a-format"}, "unsupported_feature"),
+    ({"not": {"type": "string"}, "x-guidance": {"lenient": True}}, "unsupported_feature"),
 ])
 def test_schemas_llguidance_cannot_enforce_are_400s_naming_the_field(engine, schema, reason):
     with pytest.raises(GrammarRefusal) as e:
