@@ -21,9 +21,11 @@ from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
 from kiln.core.prefill_pacer import auto_itl_target_ms
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
+from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN
 from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
 from kiln.engine.adapter_resolver import AdapterResolver
 from kiln.engine.chat_template import ChatTemplate
+from kiln.engine.grammar import GrammarCompiler
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.provenance import PolicyIdentity, ServingIdentity, serving_identity, tagged
 from kiln.engine.runner import ModelRunner
@@ -163,6 +165,7 @@ class Engine:
         self.actor = actor
         self.weights = weights
         self._bridge = ActorBridge(actor)
+        self._grammars: GrammarCompiler | None = None
         self.identity = identity
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
@@ -337,6 +340,20 @@ class Engine:
     def cpu_kernels(self) -> dict[str, Any] | None:
         """The C++ kernels' ISA in use, what the CPU offers and whether they run (None off the CPU)."""
         return kernels.isa_report() if self.info.device.startswith("cpu") else None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Output grammars (response_format, structured_outputs, tool_choice) are compiled here (compile
+        counters) and matched on the actor (the runner counts masks and mid-generation failures)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.info.config.vocab_size)
+        return self._grammars
+
+    @property
+    def tool_tag_ids(self) -> tuple[int, int] | None:
+        """The ids of `<tool_call>` / `</tool_call>` where each is a token of its own (for tool grammars)."""
+        ids = [self.tokenizer.encode(tag, add_special_tokens=False) for tag in (TAG_OPEN, TAG_CLOSE)]
+        return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
 
     @property
     def close_think_ids(self) -> list[int]:

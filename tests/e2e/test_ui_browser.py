@@ -160,6 +160,23 @@ def test_playground_streams_the_answer_the_api_gives(server, browser):
     assert "finish: length" in done.text
 
 
+def test_playground_output_schema_holds_the_answer_and_shows_the_parsed_value(server, browser):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    open_page(browser, server, "playground", "#pg-input")
+    css(browser, "#mode-chat").click()
+    css(browser, "#pg-clear").click()
+    greedy_settings(browser, max_tokens=20)
+    browser.driver.find_element("xpath", "//summary[text()='Output JSON schema (response_format)']").click()
+    set_value(css(browser, "#pg-schema"), json.dumps(schema))
+    css(browser, "#pg-input").send_keys("Is the sea salty?")
+    css(browser, "#pg-send").click()
+    done = css(browser, "#transcript .msg.assistant[data-done]")
+    assert json.loads(answer_text(done))["answer"] in ("yes", "no")
+    shown = json.loads(done.find_element("css selector", ".parsed-value pre").text)
+    assert shown == json.loads(answer_text(done))   # the tiny model's free text is never this JSON
+    set_value(css(browser, "#pg-schema"), "")
+
+
 def test_correcting_an_answer_stores_it_and_trains_on_it(server, browser):
     open_page(browser, server, "playground", "#pg-input")
     css(browser, "#pg-clear").click()
