@@ -11,8 +11,9 @@ outputs are per output row, so fusing changes no value.
 The stack runs all decoder layers of a step in one call when every token of it attends on the
 kernels' paged attention: decodes, and prompt chunks whose queries all sit below the kernels' line
 (kernels.chunk_attention_kernel_positions). It needs every layer fused and
-its other projections packed (q4_1 / q8_0) or every one tiled (bf16), and no q/k norm (qwen3 keeps
-the Python path).
+its other projections packed (q4_1 / q8_0 / K-quants) or every one tiled (bf16), and no q/k norm (qwen3
+keeps the Python path). Packed projections of one input in different formats (a Q4_K_M layer's Q4_K
+q/k beside its Q6_K v) cannot fuse: the stack runs them as parts and concatenates their outputs.
 """
 
 from __future__ import annotations

@@ -417,6 +417,162 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int h, flo
     for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a][j] + 8 * h, acc[a][j]);
 }
 
+// ------------------------------------------------------------ many rows: a superblock's codes as floats
+//
+// Prompts (more than 4 activation rows): each superblock of a tile is unpacked once into a per-thread
+// panel of float codes (16 KB, L1) and its scale factors, and every row block multiplies from the panel,
+// instead of extracting the codes again per block of 4 rows. The running sums live in a buffer (touched
+// once per group of 32). Every output gets the operations of tiles_avx512 / tiles_avx2 in their order,
+// so the same bits.
+
+struct Panel {
+  alignas(64) float w[8][kGroup][kRows];   // [group][K index][row]
+  alignas(64) float f0[8][kRows], f1[8][kRows];
+};
+
+template <int F>
+KILN_KQ_AVX512 void unpack_avx512(const Problem& p, int64_t t, int64_t s, Panel& pn) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  __m512 f0[8], f1[8];
+  scales_avx512<F>(p.sc + (t * p.S + s) * SB, f0, f1);
+  for (int g = 0; g < 8; ++g) {
+    _mm512_store_ps(pn.f0[g], f0[g]);
+    _mm512_store_ps(pn.f1[g], f1[g]);
+    const uint8_t* qg = p.qs + (t * p.S + s) * QS + g * QB;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i vl, vh;
+      codes_avx512<F>(qg, c, vl, vh);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        __m512 wl, wh;
+        code_floats_avx512<F>(vl, vh, i, wl, wh);
+        _mm512_store_ps(pn.w[g][4 * c + i], wl);
+        _mm512_store_ps(pn.w[g][16 + 4 * c + i], wh);
+      }
+    }
+  }
+}
+
+template <int F, int MB>
+KILN_KQ_AVX512 void panel_rows_avx512(const Problem& p, int64_t s, int64_t m0, const Panel& pn, float* acc) {
+  const int64_t Kp = p.S * kSuper;
+  for (int g = 0; g < 8; ++g) {
+    __m512 lo[MB], hi[MB];
+    for (int j = 0; j < MB; ++j) lo[j] = hi[j] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) {
+      const __m512 wl = _mm512_load_ps(pn.w[g][k]), wh = _mm512_load_ps(pn.w[g][16 + k]);
+      for (int j = 0; j < MB; ++j) {
+        const float* xg = p.x + (m0 + j) * Kp + s * kSuper + g * kGroup;
+        lo[j] = _mm512_fmadd_ps(wl, _mm512_set1_ps(xg[k]), lo[j]);
+        hi[j] = _mm512_fmadd_ps(wh, _mm512_set1_ps(xg[16 + k]), hi[j]);
+      }
+    }
+    const __m512 f0 = _mm512_load_ps(pn.f0[g]), f1 = _mm512_load_ps(pn.f1[g]);
+    for (int j = 0; j < MB; ++j) {
+      float* a = acc + (m0 + j) * kRows;
+      __m512 v = _mm512_loadu_ps(a);
+      if (F == Q6K) {
+        v = _mm512_fmadd_ps(f0, lo[j], v);
+        v = _mm512_fmadd_ps(f1, hi[j], v);
+      } else {
+        v = _mm512_fmadd_ps(f0, _mm512_add_ps(lo[j], hi[j]), v);
+        v = _mm512_fmadd_ps(f1, _mm512_set1_ps(p.xsum[(m0 + j) * p.S * 8 + s * 8 + g]), v);
+      }
+      _mm512_storeu_ps(a, v);
+    }
+  }
+}
+
+template <int F>
+KILN_KQ_AVX2 void unpack_avx2(const Problem& p, int64_t t, int64_t s, Panel& pn) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  for (int h = 0; h < 2; ++h) {
+    __m256 f0[8], f1[8];
+    scales_avx2<F>(p.sc + (t * p.S + s) * SB, h, f0, f1);
+    for (int g = 0; g < 8; ++g) {
+      _mm256_store_ps(pn.f0[g] + 8 * h, f0[g]);
+      _mm256_store_ps(pn.f1[g] + 8 * h, f1[g]);
+      const uint8_t* qg = p.qs + (t * p.S + s) * QS + g * QB;
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        __m256i vl, vh;
+        codes_avx2<F>(qg, c, h, vl, vh);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          __m256 wl, wh;
+          code_floats_avx2<F>(vl, vh, i, wl, wh);
+          _mm256_store_ps(pn.w[g][4 * c + i] + 8 * h, wl);
+          _mm256_store_ps(pn.w[g][16 + 4 * c + i] + 8 * h, wh);
+        }
+      }
+    }
+  }
+}
+
+template <int F, int MB>
+KILN_KQ_AVX2 void panel_rows_avx2(const Problem& p, int64_t s, int64_t m0, const Panel& pn, float* acc) {
+  const int64_t Kp = p.S * kSuper;
+  for (int g = 0; g < 8; ++g)
+    for (int h = 0; h < 2; ++h) {
+      __m256 lo[MB], hi[MB];
+      for (int j = 0; j < MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) {
+        const __m256 wl = _mm256_load_ps(pn.w[g][k] + 8 * h), wh = _mm256_load_ps(pn.w[g][16 + k] + 8 * h);
+        for (int j = 0; j < MB; ++j) {
+          const float* xg = p.x + (m0 + j) * Kp + s * kSuper + g * kGroup;
+          lo[j] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(xg + k), lo[j]);
+          hi[j] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(xg + 16 + k), hi[j]);
+        }
+      }
+      const __m256 f0 = _mm256_load_ps(pn.f0[g] + 8 * h), f1 = _mm256_load_ps(pn.f1[g] + 8 * h);
+      for (int j = 0; j < MB; ++j) {
+        float* a = acc + (m0 + j) * kRows + 8 * h;
+        __m256 v = _mm256_loadu_ps(a);
+        if (F == Q6K) {
+          v = _mm256_fmadd_ps(f0, lo[j], v);
+          v = _mm256_fmadd_ps(f1, hi[j], v);
+        } else {
+          v = _mm256_fmadd_ps(f0, _mm256_add_ps(lo[j], hi[j]), v);
+          v = _mm256_fmadd_ps(f1, _mm256_set1_ps(p.xsum[(m0 + j) * p.S * 8 + s * 8 + g]), v);
+        }
+        _mm256_storeu_ps(a, v);
+      }
+    }
+}
+
+template <int F>
+void run_panel_x86(const Problem& p, int64_t t0, int64_t t1, bool avx512) {
+  thread_local std::vector<float> acc_buf;
+  thread_local Panel pn;
+  acc_buf.resize(static_cast<size_t>(p.M * kRows));
+  float* acc = acc_buf.data();
+  for (int64_t t = t0; t < t1; ++t) {
+    std::fill(acc, acc + p.M * kRows, 0.0f);
+    for (int64_t s = 0; s < p.S; ++s) {
+      if (avx512) unpack_avx512<F>(p, t, s, pn);
+      else unpack_avx2<F>(p, t, s, pn);
+      int64_t m0 = 0;
+      if (avx512) {
+        for (; m0 + kMaxMB <= p.M; m0 += kMaxMB) panel_rows_avx512<F, kMaxMB>(p, s, m0, pn, acc);
+        switch (p.M - m0) {
+          case 1: panel_rows_avx512<F, 1>(p, s, m0, pn, acc); break;
+          case 2: panel_rows_avx512<F, 2>(p, s, m0, pn, acc); break;
+          case 3: panel_rows_avx512<F, 3>(p, s, m0, pn, acc); break;
+          default: break;
+        }
+      } else {
+        for (; m0 + 3 <= p.M; m0 += 3) panel_rows_avx2<F, 3>(p, s, m0, pn, acc);
+        if (p.M - m0 == 2) panel_rows_avx2<F, 2>(p, s, m0, pn, acc);
+        if (p.M - m0 == 1) panel_rows_avx2<F, 1>(p, s, m0, pn, acc);
+      }
+    }
+    for (int64_t m = 0; m < p.M; ++m) store(p, m, t, acc + m * kRows);
+  }
+}
+
 // Tiles [t0, t1) for every activation row, in blocks of up to 4 rows: one row reads several tiles side
 // by side (independent chains hide the FMA latency), more rows share each unpacked code vector.
 template <int F>
@@ -516,6 +672,12 @@ torch::Tensor qlinear_kquant_2d(const torch::Tensor& x, const torch::Tensor& qs,
   kiln::parallel_tasks(chunks, [&](int64_t c) {
     const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);
 #ifdef KILN_KQ_X86
+    if (path != SCALAR && M > kMaxMB) {
+      const bool wide = path == AVX512;
+      if (f == Q4K) return run_panel_x86<Q4K>(p, t0, t1, wide);
+      if (f == Q5K) return run_panel_x86<Q5K>(p, t0, t1, wide);
+      return run_panel_x86<Q6K>(p, t0, t1, wide);
+    }
     if (path != SCALAR) {
       const bool wide = path == AVX512;
       if (f == Q4K) return run_x86<Q4K>(p, t0, t1, wide);
