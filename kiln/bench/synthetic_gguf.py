@@ -36,7 +36,7 @@ class Body:
 BODIES = {
     # whole superblocks of 256 along every K, so every projection can be a K-quant
     "tiny": Body(256, 2, 4, 2, 512, True),
-    "0.5b": Body(1024, 24, 16, 4, 2816, True),
+    "0.5b": Body(1024, 24, 16, 4, 4096, True),
     "1b": Body(2048, 16, 32, 8, 8192, True),      # Llama 3.2 1B
     "3b": Body(3072, 28, 24, 8, 8192, True),      # Llama 3.2 3B
     "8b": Body(4096, 32, 32, 8, 14336, False),    # Llama 3.1 8B
