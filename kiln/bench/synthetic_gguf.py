@@ -3,9 +3,10 @@ weights: `python -m kiln.bench.synthetic_gguf 1b out.gguf [--type f16|q4_k_m|q6_
 
 The body is llama's (SmolLM2's, Llama 3.2's and 3.1's shapes), the tokenizer and chat template the
 embedded SmolLM2's (copied from its GGUF, so the vocabulary is its 49152 tokens). `f16` writes float16
-weights that llama.cpp's `llama-quantize` turns into any of its formats; `q4_k_m`, `q6_k` and `q8_0`
-write random blocks of those types directly (Q4_K_M with llama.cpp's per-tensor choice: Q6_K for the
-output / tied embedding and for attn_v and ffn_down in its "more bits" layers, Q4_K elsewhere), which
+weights that llama.cpp's `llama-quantize` turns into any of its formats; `q4_k_m`, `q5_k_m`, `q6_k` and
+`q8_0` write random blocks of those types directly (Q4_K_M / Q5_K_M with llama.cpp's per-tensor choice:
+Q6_K for the output / tied embedding and for attn_v and ffn_down in its "more bits" layers, Q4_K / Q5_K
+elsewhere), which
 exercise the same kernels and bytes as quantized weights. Tensors are streamed to the file one at a
 time (an 8B F16 file is 16 GB; the process holds one tensor).
 """
@@ -41,7 +42,7 @@ BODIES = {
     "3b": Body(3072, 28, 24, 8, 8192, True),      # Llama 3.2 3B
     "8b": Body(4096, 32, 32, 8, 14336, False),    # Llama 3.1 8B
 }
-TYPES = ("f16", "q4_k_m", "q6_k", "q8_0")
+TYPES = ("f16", "q4_k_m", "q5_k_m", "q6_k", "q8_0")
 
 
 def _more_bits(layer: int, layers: int) -> bool:
@@ -60,7 +61,7 @@ def tensor_type(name: str, kind: str, layer: int, layers: int, tied: bool) -> GG
         return Q.Q6_K
     if (".attn_v." in name or ".ffn_down." in name) and _more_bits(layer, layers):
         return Q.Q6_K
-    return Q.Q4_K
+    return Q.Q5_K if kind == "q5_k_m" else Q.Q4_K
 
 
 def tensor_shapes(body: Body, vocab: int) -> list[tuple[str, tuple[int, ...], int]]:
@@ -90,6 +91,8 @@ def _random_blocks(qtype: GGMLQuantizationType, rows: int, k: int, rng: np.rando
 
     if qtype == Q.Q4_K:        # d * sc * q - dmin * m, sc, m < 64, q < 16
         b[:, 0:2], b[:, 2:4] = f16(8e-5), f16(4e-5)
+    elif qtype == Q.Q5_K:      # as Q4_K with q < 32
+        b[:, 0:2], b[:, 2:4] = f16(4e-5), f16(4e-5)
     elif qtype == Q.Q6_K:      # d * sc * (q - 32), sc int8
         b[:, 208:210] = f16(2e-5)
     elif qtype == Q.Q8_0:      # d * q, q int8
@@ -140,7 +143,7 @@ def write_synthetic_gguf(path: str | Path, size: str, kind: str = "f16", seed: i
     writer.add_rope_freq_base(500000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
-    writer.add_file_type({"f16": 1, "q4_k_m": 15, "q6_k": 18, "q8_0": 7}[kind])
+    writer.add_file_type({"f16": 1, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "q8_0": 7}[kind])
     shapes = tensor_shapes(body, vocab)
     types = []
     for name, shape, layer in shapes:

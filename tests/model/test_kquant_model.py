@@ -43,6 +43,16 @@ def test_each_tensor_serves_from_its_own_blocks(q4_k_m: Path) -> None:
             assert torch.equal(module.packed.dequantize(), module.weight.float()), name
 
 
+def test_a_q5_k_m_file_serves_its_q5_k_and_q6_k_blocks(tmp_path) -> None:
+    path = write_synthetic_gguf(tmp_path / "tiny-q5_k_m.gguf", "tiny", "q5_k_m")
+    model, weights = load_model(path, quantization="gguf-float")
+    assert model.model.layers[0].mlp.up_proj.packed.kind == "q5_k"
+    assert model.model.layers[1].mlp.down_proj.packed.kind == "q6_k"
+    up = model.model.layers[0].mlp.up_proj
+    assert torch.equal(up.packed.dequantize(), up.weight.float())
+    assert "Q5_K x" in weights.served
+
+
 def test_the_startup_line_says_what_each_format_is_served_with(q4_k_m: Path) -> None:
     _, weights = load_model(q4_k_m, quantization="gguf-float")
     assert "Q4_K x" in weights.served and "its blocks as q4_k, float32 activations" in weights.served
