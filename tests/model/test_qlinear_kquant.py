@@ -103,3 +103,20 @@ def test_more_threads_give_the_same_result(kind: str) -> None:
 def test_k_not_whole_superblocks_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="multiple of 256"):
         kquant.pack_from_gguf("q4_k", np.zeros(4 * 144, np.uint8), (4, 288))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_the_kernels_torch_multiplies_the_dequantized_weight(kind: str, monkeypatch) -> None:
+    from kiln.model import quant
+
+    blocks = random_blocks(kind, 24, 512)
+    pw = kquant.pack_from_gguf(kind, blocks, (24, 512))
+    x = activations(3, 512)
+    monkeypatch.setenv(quant.DISABLE_ENV, "1")
+    quant.refresh_from_env()
+    try:
+        got = quant_linear(x, pw)
+    finally:
+        monkeypatch.delenv(quant.DISABLE_ENV)
+        quant.refresh_from_env()
+    assert torch.allclose(got, x @ gguf_dense(kind, blocks, 24, 512).T, rtol=1e-5, atol=1e-6)
