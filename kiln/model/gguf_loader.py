@@ -58,13 +58,15 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
 
 
 def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = None,
-              types: dict[str, str] | None = None) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
+              types: dict[str, str] | None = None, kquants: bool = True,
+              ) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
     """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`.
 
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
     repacked bit-exactly for the quantized kernels (kiln.model.quant), and Q4_K / Q5_K / Q6_K ones
     (whole superblocks of 256 along K) keep their blocks as tiles (kiln.model.kquant), under their
-    HF names. With `types` (a dict to fill): each HF-named tensor's GGUF type ("Q4_K", "F32", ...)."""
+    HF names (K-quants only with `kquants`). With `types` (a dict to fill): each HF-named tensor's GGUF
+    type ("Q4_K", "F32", ...)."""
     gguf = read_gguf(path)
     metadata = gguf.metadata
     config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
@@ -95,7 +97,7 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
         if types is not None:
             types[name] = t.qtype.name
         if packed is not None and len(t.shape) == 2:
-            pw = pack_gguf_tensor(t, heads)
+            pw = pack_gguf_tensor(t, heads) if kquants or t.qtype not in _K_KINDS else None
             if pw is not None:
                 packed[name] = pw
     return config, tensors, metadata

@@ -61,16 +61,18 @@ def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") 
     return resolve_torch_dtype(dtype)
 
 
-def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False) -> LoadedWeights:
+def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False,
+                 keep_kquants: bool = True) -> LoadedWeights:
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
-    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels."""
+    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
+    Q4_K/Q5_K/Q6_K ones unless `keep_kquants` is False."""
     p = Path(path)
     torch_dtype = resolve_dtype(dtype)
     if p.is_file() and p.suffix == ".gguf":
         packed: dict[str, Any] | None = {} if keep_quantized else None
         types: dict[str, str] = {}
-        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types)
+        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types, kquants=keep_kquants)
         return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {}, tensor_types=types)
     if p.is_dir():
         return _load_hf_dir(p, torch_dtype)
@@ -184,7 +186,9 @@ def load_model(
     # (kiln/model/dense_tiles.py), the same bits from a third of the bytes
     dense_codes = quantization == "none" and on_cpu and torch_dtype == torch.bfloat16 and codes_serve_here()
     weights = load_weights(path, torch_dtype,
-                           keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu)
+                           keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu,
+                           # the dense kernel's codes rebuild Q4_0/Q4_1/Q8_0 only: K-quants would be packed for nothing
+                           keep_kquants=quantization in ("gguf", "gguf-float"))
     codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)

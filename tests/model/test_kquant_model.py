@@ -83,3 +83,9 @@ def test_the_served_logits_are_the_dequantized_models(q4_k_m: Path, monkeypatch)
     b, _ = _decode_run(dense, False, monkeypatch)
     for x, y in zip(a, b, strict=True):
         assert (x - y).abs().max() <= 1e-3 * y.abs().max() + 1e-5
+
+
+def test_quantization_none_serves_the_dense_weights_and_says_so(q4_k_m: Path) -> None:
+    model, weights = load_model(q4_k_m, quantization="none")
+    assert getattr(model.model.layers[0].mlp.up_proj, "packed", None) is None
+    assert "Q4_K x" in weights.served and "its blocks" not in weights.served
