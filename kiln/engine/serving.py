@@ -477,6 +477,8 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
              "context %d; weights %s", info.describe(), path, weights.format, info.dtype, device,
              f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
              info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
+    if weights.served:
+        log.info("weights served: %s", weights.served)
     if settings.model.quantization == "auto" and device.type == "cpu" and weights.format == "gguf":
         reason = auto_quantization_reason(info.quantization)
         if reason:
