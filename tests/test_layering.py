@@ -24,7 +24,8 @@ LAYERS = {
     "core": 1, "model": 1, "store": 1,
     "engine": 2, "adapters": 2, "train": 2, "evals": 2, "data": 2,
     "api": 3,
-    "commands": 4, "cli": 4, "bench": 4, "testing": 4,
+    "server": 4,
+    "commands": 5, "cli": 5, "bench": 5, "testing": 5,
 }
 NO_TORCH = {"core", "evals", "data", "store", "config", "errors", "contracts"}
 # the packages that load torch when imported: a no-torch package may not import them either

@@ -104,9 +104,9 @@ def _effective(s: Settings, tiny: Path) -> dict[str, Any]:
 
 
 def _state(s: Settings):
-    from kiln.api.state import ServerState
+    from kiln.server import build_state
 
-    return ServerState(settings=s)
+    return build_state(s)
 
 
 def _uvicorn(s: Settings):
@@ -217,33 +217,23 @@ def _cpu_isa(s: Settings) -> str:
 
 
 def _eval_jobs(s: Settings):
-    from kiln.api.services import ensure_eval_jobs
-
-    return ensure_eval_jobs(_state(s))
+    return _state(s).services.eval_jobs
 
 
 def _training(s: Settings):
-    from kiln.api.services import ensure_training
-
-    return ensure_training(_state(s))
+    return _state(s).services.training
 
 
 def _datasets_root(s: Settings) -> str:
-    from kiln.api.services import ensure_datasets
-
-    return str(ensure_datasets(_state(s)).root)
+    return str(_state(s).services.datasets.root)
 
 
 def _adapters_root(s: Settings) -> str:
-    from kiln.api.services import ensure_adapters
-
-    return str(ensure_adapters(_state(s)).root)
+    return str(_state(s).services.adapter_store.root)
 
 
 def _recorder(s: Settings):
-    from kiln.api.services import ensure_recorder
-
-    return ensure_recorder(_state(s))
+    return _state(s).services.recorder
 
 
 def _request_log(s: Settings, attr: str) -> Any:
@@ -293,11 +283,10 @@ def _outside_lora_path(s: Settings) -> int:
 
 def _lora_modules(s: Settings) -> str:
     from kiln.adapters.importing import import_lora_modules
-    from kiln.api.services import ensure_adapters
     from kiln.errors import KilnError
 
     try:
-        return repr(import_lora_modules(ensure_adapters(_state(s)), s.model.lora_modules))
+        return repr(import_lora_modules(_state(s).services.adapter_store, s.model.lora_modules))
     except KilnError as e:
         return e.code
 

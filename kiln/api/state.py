@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fastapi import Request
 
+from kiln.adapters.active import model_spec_for
 from kiln.api.access_log import note_request
 from kiln.api.services import Services
 from kiln.api.shutdown import Lifecycle
 from kiln.config import Settings
+from kiln.engine.records import record_from_finished
 from kiln.errors import model_loading
 
 if TYPE_CHECKING:
@@ -19,16 +22,18 @@ if TYPE_CHECKING:
 
 
 class ServerState:
-    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+    """Built by kiln.server.build_state: `build_services(state)` makes every service once (some, like
+    the metrics, read the state back), before any router runs."""
+
+    def __init__(self, settings: Settings, lifecycle: Lifecycle,
+                 build_services: Callable[[ServerState], Services]) -> None:
         self.settings = settings
         self.started_at = time.time()
         self.load_error: str | None = None
-        # Stores and job managers (kiln.api.services), built by the routers' `init` in dependency order.
-        self.services = Services()
         # Requests in flight, draining, and the shutdown hooks (kiln/api/shutdown.py).
-        self.lifecycle = Lifecycle(settings.server.shutdown_timeout_secs)
+        self.lifecycle = lifecycle
         self._engine: Engine | None = None
-        self.engine = engine
+        self.services: Services = build_services(self)
 
     @property
     def engine(self) -> Engine | None:
@@ -48,31 +53,23 @@ class ServerState:
         return self._engine
 
     def attach_adapters(self, engine: Engine | None = None) -> None:
-        """Let the engine (`engine`, else the published one) serve the stored adapters, once both exist,
-        and serve again the default adapter the last process chose."""
+        """Let the engine (`engine`, else the published one) serve the stored adapters, and serve again
+        the default adapter the last process chose."""
         s = self.services
         engine = engine if engine is not None else self._engine
-        if engine is not None and s.adapter_store is not None:
+        if engine is not None:
             engine.attach_adapters(s.adapter_store, s.adapter_compose_cache, s.adapters_active)
-            if s.adapters_active is not None:
-                from kiln.adapters.active import model_spec_for
-
-                s.adapters_active.restore(model_spec_for(engine))
+            s.adapters_active.restore(model_spec_for(engine))
 
     # -- kiln.engine.serving.CompletionObserver: fan out to the services that observe completions ---
     def completion_started(self) -> None:
-        if self.services.metrics is not None:
-            self.services.metrics.completion_started()
+        self.services.metrics.completion_started()
 
     def completion_finished(self, done: FinishedCompletion) -> None:
-        if self.services.metrics is not None:
-            self.services.metrics.completion_finished(done)
-        if self.services.recorder is not None:
-            from kiln.engine.records import record_from_finished
-
-            rec = record_from_finished(done)
-            if rec is not None:
-                self.services.recorder.finished(rec)
+        self.services.metrics.completion_finished(done)
+        rec = record_from_finished(done)
+        if rec is not None:
+            self.services.recorder.finished(rec)
         # the request's access line (kiln.api.access_log): what was generated, for whom, how fast
         ttft = done.timeline.ttft_ms() if done.timeline is not None else None
         note_request(model=done.model, adapter=done.adapter, prompt_tokens=done.prompt_tokens,

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 import kiln.api.app as app_module
 from kiln.adapters.archive import ArchiveLimits
 from kiln.adapters.store import AdapterStore
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, Settings
+from kiln.server import build_state
 from tests.adapters.helpers import TINY, save_random
 
 ERROR_KEYS = {"message", "type", "param", "code", "hint"}
@@ -22,9 +22,8 @@ ERROR_KEYS = {"message", "type", "param", "code", "hint"}
 @pytest.fixture
 def state(tmp_path):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
-    st = ServerState(settings=settings)
-    st.services.adapter_store = AdapterStore(settings.adapter_dir, limits=ArchiveLimits(max_body_bytes=64_000))
-    return st
+    return build_state(settings, adapter_store=AdapterStore(settings.adapter_dir,
+                                                            limits=ArchiveLimits(max_body_bytes=64_000)))
 
 
 @pytest.fixture

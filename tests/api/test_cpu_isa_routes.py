@@ -7,9 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import kiln.api.app as app_module
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
 from kiln.model import kernels
+from kiln.server import build_state
 
 ROUTERS = ["kiln.api.routers.system", "kiln.api.routers.chat"]
 
@@ -36,7 +36,7 @@ def test_health_and_config_show_the_isa_the_setting_chose(tiny_model, isa):
         pytest.skip(f"kernels unavailable: {kernels.load_error()}")
     root, model = tiny_model
     settings = _settings(root, model, isa)
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     with kernels.using_isa("auto"):   # restore this process's ISA afterwards
         state.engine = build_engine(settings)
         try:

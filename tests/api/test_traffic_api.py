@@ -14,7 +14,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.config import (
     DataSettings,
     EngineSettings,
@@ -23,6 +22,7 @@ from kiln.config import (
     Settings,
     StatsSettings,
 )
+from kiln.server import build_state
 from kiln.store.request_log import read_rows
 from kiln.testing.schemas import validate
 
@@ -49,7 +49,7 @@ def served(tmp_path_factory):
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320),
                         stats=StatsSettings(recent_requests=8, preview_chars=16),
                         request_log=RequestLogSettings(enabled=True))
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     app = create_app(settings, state)
     engine = build_engine(settings)
     engine.attach_adapters(state.services.adapter_store, state.services.adapter_compose_cache,

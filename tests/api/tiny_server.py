@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from fastapi.testclient import TestClient
 
 from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
+from kiln.server import build_state
 
 
 @contextmanager
@@ -24,7 +24,7 @@ def tiny_server(root: Path, routers: Sequence[str], *, attach_adapters: bool = F
     settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="tiny"),
                         data=DataSettings(data_dir=str(root / "data")),
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     state.engine = build_engine(settings)
     try:
         app = create_app(settings, state, routers=routers)

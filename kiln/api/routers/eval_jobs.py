@@ -1,6 +1,6 @@
 """Eval job routes (semantics.md §1.5, §8.10-8.13): run, compare, list, result, cancel, rerun, replay.
 
-Services (kiln.api.services.ensure_eval_jobs, unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.eval_jobs    EvalJobManager (archives under <data_dir>/eval/jobs)
   state.services.eval_suites  SuiteStore, shared with the suite routes
 Adapters are known through state.services.adapter_store when present; the default for a run
@@ -15,8 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import read_json_body
-from kiln.api.services import ensure_eval_jobs
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.evals.admission import (
     admit_compare,
     admit_replay,
@@ -33,12 +32,9 @@ router = APIRouter(tags=["evals"])
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-def init(state: ServerState) -> None:
-    ensure_eval_jobs(state)
-
 
 def _manager(request: Request) -> EvalJobManager:
-    manager = ensure_eval_jobs(get_state(request))
+    manager = get_state(request).services.eval_jobs
     manager.ensure_started()
     return manager
 

@@ -1,7 +1,7 @@
 """Live statistics: GET /v1/stats/recent-requests (the last finished requests, newest first; `?limit=`,
 `?status=ok|rejected|error|timeout|cancelled`, `?kind=chat|batch`) and GET /v1/stats/decode.
 
-Services (kiln.api.services.ensure_recorder, unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.recorder   CompletionRecorder: the recent-request ring, the request log when
                             `[request_log] enabled`, and the Prometheus listener (kiln.engine.records)
 Every completion reaches the recorder through `Engine.finish_completion` -> `ServerState.completion_finished`;
@@ -20,7 +20,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.access_log import current_request_id, new_request_id
-from kiln.api.services import ensure_recorder
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import resolve_budget
 from kiln.engine.chat_response import status_of
@@ -30,9 +29,6 @@ from kiln.errors import KilnError, model_loading
 
 router = APIRouter(tags=["observability"])
 
-
-def init(state: ServerState) -> None:
-    ensure_recorder(state)
 
 
 def recorder_for(state: ServerState) -> CompletionRecorder | None:
