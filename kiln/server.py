@@ -39,9 +39,10 @@ from kiln.api.state import ServerState
 from kiln.config import Settings
 from kiln.data.datasets import DatasetStore
 from kiln.data.judgments import JudgmentStore
+from kiln.engine.build import build_engine
 from kiln.engine.eval_generator import LocalEngineGenerator
 from kiln.engine.records import CompletionRecorder, RecentRequests
-from kiln.engine.serving import Engine, build_engine
+from kiln.engine.serving import Engine
 from kiln.evals.admission import AdmissionContext
 from kiln.evals.generator import Generator
 from kiln.evals.job_manager import EvalJobManager

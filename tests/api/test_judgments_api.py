@@ -245,7 +245,7 @@ def wait_done(client, job_id: str) -> dict:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The whole app over a tiny llama with one saved LoRA adapter, `judge`; one event loop throughout."""
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
     from tests.adapters.helpers import TINY, save_random
 

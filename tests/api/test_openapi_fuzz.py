@@ -24,7 +24,7 @@ NOT_JSON = ["/v1/eval/datasets/upload", "/v1/adapters/upload"]
 
 @pytest.fixture(scope="module")
 def contract_api(tmp_path_factory):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("fuzz")

@@ -38,7 +38,7 @@ DECODE_KEYS = {"object", "tok_per_sec", "mean_itl_ms", "p50_itl_ms", "p99_itl_ms
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("traffic-api")

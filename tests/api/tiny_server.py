@@ -17,7 +17,7 @@ from kiln.server import build_state
 @contextmanager
 def tiny_server(root: Path, routers: Sequence[str], *, attach_adapters: bool = False) -> Iterator[SimpleNamespace]:
     """`client`, `state`, `settings` and `model` (the tiny model's folder) of a float32 tiny llama."""
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     model = make_tiny_model(root / "tiny", arch="llama", init_std=0.3)

@@ -34,7 +34,7 @@ def suite(name: str, n: int, scorer: dict, prompt: str = "Tell me about item {i}
 @contextmanager
 def tiny_server(root: Path, suites: list[dict]) -> Iterator[TestClient]:
     """The whole app on a tiny llama (float32, adapters attached) in process, with `suites` stored."""
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     settings = Settings(model=ModelSettings(path=str(make_tiny_model(root / "tiny", arch="llama", init_std=0.3)),
