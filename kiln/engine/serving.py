@@ -133,7 +133,7 @@ class Engine:
         self.adapters: AdapterResolver | None = None
         self.observers: list[CompletionObserver] = []
         self.in_flight = 0
-        # Bounded admission (issue 19.2): `admit` refuses new HTTP work past these limits; build_engine
+        # Bounded admission: `admit` refuses new HTTP work past these limits; build_engine
         # sizes them from the settings and the KV pool.
         self.admission = AdmissionGate()
 

@@ -1,4 +1,4 @@
-"""API keys (issue 19.1): Bearer keys on every call but /health (and /metrics unless protected)."""
+"""API keys: Bearer keys on every call but /health (and /metrics unless protected)."""
 
 from __future__ import annotations
 

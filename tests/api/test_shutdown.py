@@ -1,4 +1,4 @@
-"""Graceful shutdown's pieces (issue 19.3): the drain waits for requests in flight, refuses new ones with
+"""Graceful shutdown's pieces: the drain waits for requests in flight, refuses new ones with
 503 + Retry-After, and runs every shutdown hook in order even when one fails."""
 
 from __future__ import annotations

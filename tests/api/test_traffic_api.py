@@ -1,5 +1,5 @@
 """Learning from traffic, in process on a tiny model: the recent-request ring, decode stats, the
-request log, corrections by completion id, and training them (semantics.md §1.1; issue 18)."""
+request log, corrections by completion id, and training them (semantics.md §1.1)."""
 
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ class Corrections(StoreDriver):
 
 
 class RequestLog(StoreDriver):
-    """Served chats land in the request log from a writer thread after the answer (issue 18's design:
+    """Served chats land in the request log from a writer thread after the answer (by design:
     the row is not part of the acknowledgement, so rows still queued at a kill may be missing). What
     must hold: every line on disk is a whole row, and every row is one this client was answered."""
 

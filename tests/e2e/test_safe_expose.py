@@ -1,4 +1,4 @@
-"""Issue 19 on a real `kiln serve`: API keys with the openai client, and a training job SIGKILLed mid-run
+"""Safe to expose, on a real `kiln serve`: API keys with the openai client, and a training job SIGKILLed mid-run
 that comes back interrupted and resumes, over HTTP, to the adapter an uninterrupted run produces."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The startup sweep (issue 19.5): each store removes its own orphaned temp files and half-made
+"""The startup sweep: each store removes its own orphaned temp files and half-made
 directories, restores a half-replaced adapter, and never touches a committed file."""
 
 from __future__ import annotations
