@@ -226,25 +226,24 @@ class _EngineCollector(Collector):
         yield _gauge("kiln_decode_itl_samples", "Inter-token gaps in the rolling window.", snap.sample_count)
         yield _gauge("kiln_decode_window_seconds", "Length of the decode-stats rolling window.", snap.window_secs)
 
-        gate = getattr(engine, "admission", None)
-        if gate is not None:
-            yield _gauge("kiln_admission_waiting_requests", "Admitted requests still waiting for their first token.",
-                         gate.waiting)
-            yield _gauge("kiln_admission_waiting_requests_peak", "Most requests ever waiting at once.",
-                         gate.peak_waiting)
-            yield _gauge("kiln_admission_queued_prompt_tokens", "Prompt tokens the waiting requests hold.",
-                         gate.queued_tokens)
-            yield _gauge("kiln_admission_max_waiting_requests", "Waiting requests past which new ones get 429.",
-                         gate.max_waiting_requests)
-            yield _gauge("kiln_admission_max_queued_prompt_tokens", "Queued prompt tokens past which new ones get 429.",
-                         gate.max_queued_tokens)
-            yield _counter("kiln_admission_admitted", "Requests (batch prompts count one each) admitted.",
-                           gate.admitted_total)
-            refused = CounterMetricFamily("kiln_admission_refused", "Requests refused with 429, by the limit hit.",
-                                          labels=["limit"])
-            for limit, n in gate.refused_by.items():
-                refused.add_metric([limit], n)
-            yield refused
+        gate = engine.admission
+        yield _gauge("kiln_admission_waiting_requests", "Admitted requests still waiting for their first token.",
+                     gate.waiting)
+        yield _gauge("kiln_admission_waiting_requests_peak", "Most requests ever waiting at once.",
+                     gate.peak_waiting)
+        yield _gauge("kiln_admission_queued_prompt_tokens", "Prompt tokens the waiting requests hold.",
+                     gate.queued_tokens)
+        yield _gauge("kiln_admission_max_waiting_requests", "Waiting requests past which new ones get 429.",
+                     gate.max_waiting_requests)
+        yield _gauge("kiln_admission_max_queued_prompt_tokens", "Queued prompt tokens past which new ones get 429.",
+                     gate.max_queued_tokens)
+        yield _counter("kiln_admission_admitted", "Requests (batch prompts count one each) admitted.",
+                       gate.admitted_total)
+        refused = CounterMetricFamily("kiln_admission_refused", "Requests refused with 429, by the limit hit.",
+                                      labels=["limit"])
+        for limit, n in gate.refused_by.items():
+            refused.add_metric([limit], n)
+        yield refused
 
 def _service_metrics(state: ServerState) -> Iterator[Any]:
     recorder = state.services.recorder

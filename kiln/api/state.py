@@ -18,7 +18,7 @@ from kiln.errors import model_loading
 
 if TYPE_CHECKING:
     from kiln.engine.chat_response import FinishedCompletion
-    from kiln.engine.serving import Engine
+    from kiln.engine.view import EngineView
 
 
 class ServerState:
@@ -32,27 +32,26 @@ class ServerState:
         self.load_error: str | None = None
         # Requests in flight, draining, and the shutdown hooks (kiln/api/shutdown.py).
         self.lifecycle = lifecycle
-        self._engine: Engine | None = None
+        self._engine: EngineView | None = None
         self.services: Services = build_services(self)
 
     @property
-    def engine(self) -> Engine | None:
+    def engine(self) -> EngineView | None:
         """The engine once the model has loaded; None while loading (health answers 503)."""
         return self._engine
 
     @engine.setter
-    def engine(self, engine: Engine | None) -> None:
+    def engine(self, engine: EngineView | None) -> None:
         self._engine = engine
-        observers = getattr(engine, "observers", None)  # a test's stand-in engine may have none
-        if observers is not None and self not in observers:
-            observers.append(self)
+        if engine is not None and self not in engine.observers:
+            engine.observers.append(self)
 
-    def require_engine(self) -> Engine:
+    def require_engine(self) -> EngineView:
         if self._engine is None:
             raise model_loading()
         return self._engine
 
-    def attach_adapters(self, engine: Engine | None = None) -> None:
+    def attach_adapters(self, engine: EngineView | None = None) -> None:
         """Let the engine (`engine`, else the published one) serve the stored adapters, and serve again
         the default adapter the last process chose."""
         s = self.services

@@ -27,12 +27,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.data.formats import message_problem, messages_problem
 from kiln.errors import KilnError
 from kiln.store.atomic import append_jsonl, read_jsonl
 from kiln.store.clock import utc_now_rfc3339
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 PENDING, TRAINED = "pending", "trained"
 STATES = (PENDING, TRAINED)
@@ -344,7 +347,7 @@ def corrections_config(config: dict[str, Any], active_name: str | None, num_rows
 
 async def submit_corrections(store: CorrectionStore, manager: Any, *, config: dict[str, Any],
                              post_eval: dict[str, Any] | None, rehearsal: Callable[[list[Correction]], list[dict]],
-                             parse: Callable[[dict[str, Any]], Any], active_name: str | None, engine: Any,
+                             parse: Callable[[dict[str, Any]], Any], active_name: str | None, engine: EngineView,
                              adapters: Any, datasets: Any, suites: Any) -> dict[str, Any]:
     """The pending corrections (plus `rehearsal(chosen)` rows) as one SFT job through the training
     path (`parse` makes the SftRequest, 400 naming the field); the training receipt plus

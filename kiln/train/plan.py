@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.adapters.peft_format import LoraModule, ModuleKey
 from kiln.errors import KilnError
@@ -19,6 +19,9 @@ from kiln.train.requests import CommonConfig, GrpoRequest, SftRequest
 from kiln.train.rewards import scorer_reward_fn
 from kiln.train.sft import SftWork, prepare_sft
 from kiln.train.sources import TrainingData, resolve_source
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 NAME_CODE = "invalid_adapter_name"
 
@@ -60,7 +63,7 @@ def new_job_id() -> str:
     return "train-" + uuid.uuid4().hex[:16]
 
 
-def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_sft(req: SftRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
              job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("sft", req.examples, req.dataset, req.dataset_split, req.dataset_path, datasets)
@@ -71,7 +74,7 @@ def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites:
     return _plan("sft", cfg, SftWork(seqs), data, adapters, stats, post_eval=post_eval, job_id=job_id)
 
 
-def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_grpo(req: GrpoRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
               job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("grpo", req.groups, req.dataset, req.dataset_split, req.dataset_path, datasets)

@@ -30,6 +30,7 @@ from kiln.config import DataSettings, ModelSettings, Settings
 from kiln.model.config import ModelConfig
 from kiln.model.gguf_loader import unpermute_qk
 from kiln.server import build_state
+from kiln.testing.stand_in import StandInEngine
 from tests.adapters.helpers import TINY, save_random
 
 
@@ -107,7 +108,7 @@ def cli(tmp_path, monkeypatch, store):
     (model / "config.json").write_text(json.dumps({"_name_or_path": "org/tiny-base"}))
     settings = Settings(data=DataSettings(data_dir=str(tmp_path / "data")), model=ModelSettings(path=str(model)))
     state = build_state(settings, adapter_store=store)
-    state.engine = SimpleNamespace(info=SimpleNamespace(config=_config("llama")))
+    state.engine = StandInEngine(info=SimpleNamespace(config=_config("llama")))
     app = app_module.create_app(settings, state, routers=["kiln.api.routers.adapters",
                                                           "kiln.api.routers.adapter_export"])
 
