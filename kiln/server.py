@@ -43,8 +43,8 @@ from kiln.engine.build import build_engine
 from kiln.engine.eval_generator import LocalEngineGenerator
 from kiln.engine.records import CompletionRecorder, RecentRequests
 from kiln.engine.serving import Engine
-from kiln.evals.admission import AdmissionContext
 from kiln.evals.generator import Generator
+from kiln.evals.intake import IntakeContext
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.job_store import job_root as eval_job_root
@@ -148,7 +148,7 @@ def _services(state: ServerState, adapter_store: AdapterStore | None) -> Service
 
 def _eval_jobs(state: ServerState, suites: SuiteStore, adapters: AdapterStore) -> EvalJobManager:
     settings = state.settings
-    ctx = AdmissionContext(suites=suites, resolve_target=_target_resolver(adapters),
+    ctx = IntakeContext(suites=suites, resolve_target=_target_resolver(adapters),
                            active_adapter=lambda: state.services.active_adapter_name())
     manager = EvalJobManager(EvalJobStore(eval_job_root(settings.data.data_dir)), ctx, _generator_factory(state),
                              max_queued_jobs=settings.eval.max_queued_jobs,

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from kiln.config import Settings
 from kiln.errors import KilnError
-from kiln.evals.admission import AdmissionContext, base_target_only
+from kiln.evals.intake import IntakeContext, base_target_only
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.suite import parse_suite
@@ -67,7 +67,7 @@ def job_manager(client, tmp_path, adapters=("support-v2",)):
     def no_model():
         raise KilnError(503, "backend_unavailable", "no model in this test")
 
-    ctx = AdmissionContext(suites=services(client).eval_suites, resolve_target=resolve, active_adapter=lambda: None)
+    ctx = IntakeContext(suites=services(client).eval_suites, resolve_target=resolve, active_adapter=lambda: None)
     manager = EvalJobManager(EvalJobStore(tmp_path / "jobs"), ctx, no_model)
     services(client).eval_jobs = manager
     return manager

@@ -62,7 +62,7 @@ async def preview_suite(request: Request, name: str) -> JSONResponse:
 
 def _eval_jobs(request: Request) -> Any:
     jobs = get_state(request).services.eval_jobs
-    if jobs is None or not all(hasattr(jobs, attr) for attr in ("ctx", "submit", "ensure_started")):
+    if jobs is None or not all(hasattr(jobs, attr) for attr in ("ctx", "submit", "start_worker")):
         raise KilnError(503, "eval_registry_unavailable", "run_against needs the eval job manager, which is not "
                         "available on this server", param="run_against",
                         hint="Synthesize without run_against, then start runs with POST /v1/eval/run.")
