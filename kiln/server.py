@@ -41,7 +41,6 @@ from kiln.data.datasets import DatasetStore
 from kiln.data.judgments import JudgmentStore
 from kiln.engine.build import build_engine
 from kiln.engine.eval_generator import LocalEngineGenerator
-from kiln.engine.records import CompletionRecorder, RecentRequests
 from kiln.engine.serving import Engine
 from kiln.evals.generator import Generator
 from kiln.evals.intake import IntakeContext
@@ -49,8 +48,9 @@ from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.job_store import job_root as eval_job_root
 from kiln.evals.suite_store import SuiteStore, suite_root
-from kiln.store.request_log import RequestLog
 from kiln.store.sweep import LiveLock
+from kiln.traffic.records import CompletionRecorder, RecentRequests
+from kiln.traffic.request_log import RequestLog
 from kiln.train.checkpoint import CheckpointStore, checkpoint_root
 from kiln.train.corrections import CorrectionStore, follow_training
 from kiln.train.eval_link import EvalLink

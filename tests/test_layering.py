@@ -22,7 +22,7 @@ KILN = ROOT / "kiln"
 # config, errors, contracts and the package root are shared by every package and import none.
 SHARED = {"config", "errors", "contracts", "__init__"}
 _BASE = {"core", "model", "store"}
-_MIDDLE = {"data", "evals", "adapters", "engine", "train"}
+_MIDDLE = {"data", "traffic", "evals", "adapters", "engine", "train"}
 MAY_IMPORT: dict[str, set[str]] = {
     # the base: pure Python (core, store) and the model, which builds on core's types
     "core": set(),
@@ -32,10 +32,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     # engine knows evals' Generator protocol (it implements it); train reaches the engine only
     # through the EngineView it is handed (kiln/engine/view.py, imported for typing alone).
     "data": {"core", "store"},
+    # what was served: records, the request log, its export as training rows
+    "traffic": {"core", "store", "data"},
     "evals": {"core", "store", "data"},
     "adapters": {"core", "store", "model"},
-    "engine": {"core", "store", "model", "adapters", "evals"},
-    "train": {"core", "store", "model", "data", "evals", "adapters"},
+    "engine": {"core", "store", "model", "adapters", "evals", "traffic"},
+    "train": {"core", "store", "model", "data", "evals", "adapters", "traffic"},
     # the HTTP surface, the one place that assembles a server, and the programs on top
     "api": _BASE | _MIDDLE,
     "server": _BASE | _MIDDLE | {"api"},
@@ -44,7 +46,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "commands": _BASE | _MIDDLE | {"api", "server", "bench"},
     "cli": {"commands"},
 }
-NO_TORCH = {"core", "evals", "data", "store", "config", "errors", "contracts"}
+NO_TORCH = {"core", "evals", "data", "traffic", "store", "config", "errors", "contracts"}
 # the packages that load torch when imported: a no-torch package may not import them either
 TORCH_PACKAGES = {"torch", "kiln.model", "kiln.engine", "kiln.train", "kiln.adapters"}
 
@@ -127,7 +129,7 @@ def test_no_module_imports_upward_or_pulls_torch_into_a_pure_layer():
 
 
 def test_every_package_docstring_says_what_it_owns_and_may_import():
-    for pkg in ("core", "model", "engine", "adapters", "train", "evals", "data", "store", "api"):
+    for pkg in ("core", "model", "engine", "adapters", "train", "evals", "data", "traffic", "store", "api"):
         doc = ast.get_docstring(ast.parse((KILN / pkg / "__init__.py").read_text())) or ""
         assert "Imports:" in doc, f"kiln/{pkg}/__init__.py says nothing about what it may import"
 
@@ -165,7 +167,7 @@ def test_downward_and_type_checking_imports_pass():
     assert layering_problems("kiln.engine.planted", source) == []
 
 
-@pytest.mark.parametrize("package", ["core", "evals", "data", "store"])
+@pytest.mark.parametrize("package", ["core", "evals", "data", "traffic", "store"])
 def test_importing_a_pure_package_loads_no_torch(package):
     code = ("import importlib, pkgutil, sys\n"
             f"p = importlib.import_module('kiln.{package}')\n"

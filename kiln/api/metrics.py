@@ -149,7 +149,7 @@ class KilnMetrics:
 
 
     def observe_record(self, rec: Any) -> None:
-        """A finished request's record (kiln.engine.records.CompletionRecord): the recorder's listener."""
+        """A finished request's record (kiln.traffic.records.CompletionRecord): the recorder's listener."""
         self.finished_requests.labels(kind=rec.kind, finish_reason=rec.finish_reason,
                                       adapter=self._adapter_label(rec)).inc()
         self.prompt_tokens.observe(rec.prompt_tokens)

@@ -14,9 +14,9 @@ from kiln.adapters.compose import CompositionCache
 from kiln.adapters.store import AdapterStore
 from kiln.data.datasets import DatasetStore
 from kiln.data.judgments import JudgmentStore
-from kiln.engine.records import CompletionRecorder
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.suite_store import SuiteStore
+from kiln.traffic.records import CompletionRecorder
 from kiln.train.corrections import CorrectionStore
 from kiln.train.manager import TrainingManager
 
@@ -35,7 +35,7 @@ class Services:
     eval_suites: SuiteStore
     eval_jobs: EvalJobManager
     training: TrainingManager
-    recorder: CompletionRecorder             # recent requests, the request log (kiln.engine.records)
+    recorder: CompletionRecorder             # recent requests, the request log (kiln.traffic.records)
     corrections: CorrectionStore
 
     def active_adapter_name(self) -> str | None:

@@ -13,7 +13,7 @@ from kiln.api.access_log import note_request
 from kiln.api.services import Services
 from kiln.api.shutdown import Lifecycle
 from kiln.config import Settings
-from kiln.engine.records import record_from_finished
+from kiln.engine.served_records import record_from_finished
 from kiln.errors import model_loading
 
 if TYPE_CHECKING:

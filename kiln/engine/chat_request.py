@@ -225,7 +225,7 @@ class PreparedChat:
     adapter: AdapterTarget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
-    client_request_id: str | None = None   # the client's X-Request-Id (kiln.engine.records)
+    client_request_id: str | None = None   # the client's X-Request-Id (kiln.traffic.records)
 
     def controllers(self) -> list[ThinkingBudgetController | None] | None:
         return budget_controllers(self.close_ids, self.budget, self.params) if self.budget_applies else None

@@ -23,8 +23,8 @@ from kiln.config import (
     StatsSettings,
 )
 from kiln.server import build_state
-from kiln.store.request_log import read_rows
 from kiln.testing.schemas import validate
+from kiln.traffic.request_log import read_rows
 
 TB = "thinking-budget-v1.schema.json"
 MSG = [{"role": "user", "content": "Write a short line about the sea."}]

@@ -275,7 +275,7 @@ class RequestLog(StoreDriver):
         return r.json()["id"] if _ok(r) else None
 
     def check(self, c: httpx.Client) -> list[str]:
-        from kiln.store.request_log import log_files
+        from kiln.traffic.request_log import log_files
 
         problems, ids = [], set()
         for path in log_files(self.root):

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from kiln.store.request_log import read_rows
+from kiln.traffic.request_log import read_rows
 
 from .conftest import start_server
 

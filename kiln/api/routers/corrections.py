@@ -26,8 +26,8 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
 from kiln.api.state import ServerState, get_state
-from kiln.engine.records import last_user_text, rehearsal_rows
 from kiln.errors import KilnError
+from kiln.traffic.records import last_user_text, rehearsal_rows
 from kiln.train.corrections import (
     CODE,
     DEFAULT_REPLAY,
@@ -61,7 +61,7 @@ class TrainCorrectionsRequest(BaseModel):
 
     config: dict[str, Any] = Field(default_factory=dict)
     post_eval: dict[str, Any] | None = None
-    # recent served answers nobody corrected, trained alongside as rehearsal (kiln.engine.records)
+    # recent served answers nobody corrected, trained alongside as rehearsal (kiln.traffic.records)
     replay: int = Field(DEFAULT_REPLAY, ge=0, le=64)
 
 

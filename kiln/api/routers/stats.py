@@ -3,7 +3,7 @@
 
 Services (built by kiln.server.build_server):
   state.services.recorder   CompletionRecorder: the recent-request ring, the request log when
-                            `[request_log] enabled`, and the Prometheus listener (kiln.engine.records)
+                            `[request_log] enabled`, and the Prometheus listener (kiln.traffic.records)
 Every completion reaches the recorder through `Engine.finish_completion` -> `ServerState.completion_finished`;
 a request refused before the engine took it through `recording_refusals` (the chat and batch routes).
 The decode window lives on the engine actor (`actor.decode_stats`), which feeds it once per model step.
@@ -23,9 +23,9 @@ from kiln.api.access_log import current_request_id, new_request_id
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import resolve_budget
 from kiln.engine.chat_response import status_of
-from kiln.engine.records import STATUSES, CompletionRecorder, rejected_record
 from kiln.engine.timing import now
 from kiln.errors import KilnError, model_loading
+from kiln.traffic.records import STATUSES, CompletionRecorder, rejected_record
 
 router = APIRouter(tags=["observability"])
 
