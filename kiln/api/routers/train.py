@@ -1,10 +1,10 @@
 """Training routes (semantics.md §1.4, §12): SFT, GRPO and DPO jobs, status, queue, cancel, resume.
 
-Services (kiln.api.services.ensure_training, unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.training   TrainingManager (records under <data_dir>/train/jobs)
 Also used: state.services.adapter_store, .adapters_active, .datasets, .judgments (DPO from a judgment
-set; built here when missing), and .eval_suites / .eval_jobs
-(the eval routes build them; registered first) for `post_eval`: the training manager queues post-training eval jobs through
+set), and .eval_suites / .eval_jobs
+for `post_eval`: the training manager queues post-training eval jobs through
 the eval job manager and listens for their end to resolve the gate (semantics.md §8.14).
 """
 
@@ -19,8 +19,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters, ensure_judgments, ensure_training
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.train.errors import CODE, PREFIX
 from kiln.train.manager import TrainingManager
 from kiln.train.plan import plan_dpo, plan_grpo, plan_sft
@@ -32,12 +31,8 @@ router = APIRouter(tags=["training"])
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
-def init(state: ServerState) -> None:
-    ensure_training(state)
-
-
 def _manager(request: Request) -> TrainingManager:
-    return ensure_training(get_state(request))
+    return get_state(request).services.training
 
 
 async def _body(request: Request) -> Any:
@@ -51,7 +46,7 @@ async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResp
     body = await _body(request)
     req = parse_model(model, body, code=CODE, prefix=PREFIX)
     engine = state.require_engine()
-    return JSONResponse(await submit_training(manager, req, planner, engine, ensure_adapters(state),
+    return JSONResponse(await submit_training(manager, req, planner, engine, state.services.adapter_store,
                                               state.services.datasets, state.services.eval_suites,
                                               request_body=body if isinstance(body, dict) else None))
 
@@ -69,15 +64,15 @@ async def train_grpo(request: Request) -> JSONResponse:
 
 @router.post("/v1/train/dpo")
 async def train_dpo(request: Request) -> JSONResponse:
-    return await _submit(request, DpoRequest, partial(plan_dpo, judgments=ensure_judgments(get_state(request))))
+    return await _submit(request, DpoRequest, partial(plan_dpo, judgments=get_state(request).services.judgments))
 
 
 @router.post("/v1/train/jobs/{job_id}/resume")
 async def resume(request: Request, job_id: str) -> JSONResponse:
     state = get_state(request)
     return JSONResponse(await resume_training(_manager(request), job_id, state.require_engine(),
-                                              ensure_adapters(state), state.services.datasets,
-                                              state.services.eval_suites, ensure_judgments(state)))
+                                              state.services.adapter_store, state.services.datasets,
+                                              state.services.eval_suites, state.services.judgments))
 
 
 @router.get("/v1/train/status")
