@@ -22,7 +22,7 @@ KILN = ROOT / "kiln"
 LAYERS = {
     "config": 0, "errors": 0, "__init__": 0, "contracts": 0,
     "core": 1, "model": 1, "store": 1,
-    "engine": 2, "adapters": 2, "train": 2, "evals": 2, "data": 2,
+    "engine": 2, "adapters": 2, "train": 2, "evals": 2, "data": 2, "replicas": 2,
     "api": 3,
     "commands": 4, "cli": 4, "bench": 4, "testing": 4,
 }

@@ -32,6 +32,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.eval_suites",
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
+    "kiln.api.routers.replicas",  # after adapters and eval jobs: publishing and eval fan-out use both
     "kiln.api.routers.train",
     "kiln.api.routers.stats",
     "kiln.api.routers.corrections",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kiln.evals.generator import Generator
     from kiln.evals.job_manager import EvalJobManager
     from kiln.evals.suite_store import SuiteStore
+    from kiln.replicas.service import ReplicaService
     from kiln.train.corrections import CorrectionStore
     from kiln.train.executor import JobContext
     from kiln.train.manager import TrainingManager
@@ -42,6 +43,7 @@ class Services:
     training: TrainingManager | None = None
     recorder: CompletionRecorder | None = None       # recent requests, the request log (kiln.engine.records)
     corrections: CorrectionStore | None = None
+    replicas: ReplicaService | None = None           # built by kiln.api.routers.replicas.ensure_replicas
 
     def active_adapter_name(self) -> str | None:
         return getattr(self.adapters_active, "name", None) or None
