@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import sys
 import tarfile
 from pathlib import Path
@@ -49,8 +50,9 @@ def register(sub) -> None:
     a = action("export", "export an adapter for vLLM / PEFT (a PEFT folder) or llama.cpp (a LoRA GGUF)", _export)
     a.add_argument("name", help="a stored adapter")
     a.add_argument("dir", help="output folder: the PEFT files go in it, the GGUF is written as DIR/NAME.gguf")
-    a.add_argument("--format", choices=["peft", "gguf"], default="peft",
+    a.add_argument("--format", choices=["peft", "vllm", "gguf"], default="peft",
                    help="peft (default): adapter_config.json naming the real base model + safetensors; "
+                   "vllm: the same PEFT folder and only the `vllm serve --enable-lora --lora-modules` line; "
                    "gguf: a llama.cpp LoRA adapter (llama-server --lora)")
 
 
@@ -161,7 +163,8 @@ def _delete(client: ServerClient, args) -> int:
 
 def _export(client: ServerClient, args) -> int:
     out = Path(args.dir)
-    resp = client.request("GET", f"/v1/adapters/{quote(args.name, safe='')}/export", params={"format": args.format})
+    wire_format = "gguf" if args.format == "gguf" else "peft"  # a vLLM folder is a PEFT folder
+    resp = client.request("GET", f"/v1/adapters/{quote(args.name, safe='')}/export", params={"format": wire_format})
     base = resp.headers.get("x-kiln-base-model")
     base_gguf = resp.headers.get("x-kiln-base-model-gguf")
     rank = int(resp.headers.get("x-kiln-max-lora-rank", "0") or 0)
@@ -169,7 +172,7 @@ def _export(client: ServerClient, args) -> int:
 
     ref = BaseModelRef(base, base_gguf)
     out.mkdir(parents=True, exist_ok=True)
-    if args.format == "peft":
+    if wire_format == "peft":
         with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
             tar.extractall(out, filter="data")
         print(f"wrote the PEFT adapter {args.name} to {out} (base_model_name_or_path: {base or 'unknown'})")
@@ -184,4 +187,9 @@ def _export(client: ServerClient, args) -> int:
     print("serve it with:")
     for line in lines:
         print(f"  {line}")
+    if args.format == "vllm":
+        body = json.dumps({"lora_name": args.name, "lora_path": str(out.resolve())})
+        print("or load it into a running vLLM (started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):")
+        print(f"  curl -X POST http://VLLM_HOST:8000/v1/load_lora_adapter -H 'Content-Type: application/json' "
+              f"-d '{body}'")
     return 0

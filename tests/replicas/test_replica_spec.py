@@ -82,3 +82,25 @@ def test_a_kiln_replica_must_match_name_and_weights_digest():
     # vLLM cannot attest its weights: the name it serves the base under is what is compared
     assert base_model_problem("vllm", local, RemoteModel(("org/tiny",)), "org/tiny") is None
     assert base_model_problem("vllm", LocalModel(None, None), RemoteModel(("tiny",)), None) is not None
+
+
+def test_push_retries_429_5xx_and_connection_errors_then_gives_up():
+    import httpx
+
+    from kiln.replicas.push import Attempts, PushError, with_retries
+
+    waits, calls = [], iter([httpx.ConnectError("refused"), PushError("HTTP 503", retryable=True), "ok"])
+
+    def flaky():
+        out = next(calls)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    attempts = Attempts()
+    assert with_retries(flaky, attempts, tries=3, backoff=0.5, sleep=waits.append) == "ok"
+    assert attempts.count == 3 and waits == [0.5, 1.0] and len(attempts.errors) == 2
+    attempts = Attempts()
+    with pytest.raises(PushError, match="HTTP 400"):  # a client error is not retried
+        with_retries(lambda: (_ for _ in ()).throw(PushError("HTTP 400")), attempts, sleep=waits.append)
+    assert attempts.count == 1

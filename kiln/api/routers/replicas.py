@@ -1,4 +1,5 @@
-"""Replica routes: GET/POST /v1/replicas, GET/DELETE /v1/replicas/{name}, POST /v1/replicas/{name}/check.
+"""Replica routes: GET/POST /v1/replicas, GET/DELETE /v1/replicas/{name}, POST /v1/replicas/{name}/check,
+and publishing adapters to them: POST /v1/adapters/{name}/publish | unpublish, GET .../publications.
 
 Service (built once by `ensure_replicas`, which `init` calls): state.services.replicas, a
 kiln.replicas.service.ReplicaService over `[[replicas]]` and <data_dir>/replicas, whose health
@@ -7,14 +8,20 @@ poller starts with the app.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from kiln.api.errors import read_json_body
+from kiln.adapters.export import base_model_reference
+from kiln.api.errors import parse_model, read_json_body
+from kiln.api.services import ensure_adapters
 from kiln.api.state import ServerState, get_state
 from kiln.replicas.compat import LocalModel
+from kiln.replicas.publish import Publisher
+from kiln.replicas.push import Adapter
 from kiln.replicas.service import ReplicaService, replica_root
 
 router = APIRouter(tags=["replicas"])
@@ -40,7 +47,32 @@ def ensure_replicas(state: ServerState) -> ReplicaService:
 
 
 def init(state: ServerState) -> None:
+    ensure_adapters(state)
     ensure_replicas(state)
+
+
+class PublishBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    replicas: list[str] | Literal["all"]
+    # Kiln replicas: also make it the replica's default adapter (POST /v1/adapters/load). Off: the
+    # replica serves it to requests that name it, as vLLM serves a loaded LoRA module.
+    activate: bool = False
+
+
+class UnpublishBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    replicas: list[str] | Literal["all"] = "all"
+
+
+def stored_adapter(state: ServerState, name: str) -> Adapter:
+    from kiln.model.loader import default_model_path
+
+    store = ensure_adapters(state)
+    folder = store.require(name)
+    model_path = state.settings.model.path
+    ref = base_model_reference(model_path or str(default_model_path()), embedded=model_path is None)
+    return Adapter(name=name, folder=folder, revision=store.content_hash(name),
+                   archive=lambda: b"".join(store.adapter_archive_bytes(name)), base_model=ref.hf)
 
 
 def _service(request: Request) -> ReplicaService:
@@ -74,3 +106,37 @@ async def check_replica(request: Request, name: str) -> dict[str, Any]:
 @router.delete("/v1/replicas/{name}")
 async def delete_replica(request: Request, name: str) -> dict[str, Any]:
     return await run_in_threadpool(_service(request).remove, name)
+
+
+# -- publishing adapters ------------------------------------------------------------------------------
+
+_PUBLISH = {"code": "publish_invalid", "prefix": "Invalid publish request: "}
+
+
+@router.post("/v1/adapters/{name}/publish")
+async def publish_adapter(request: Request, name: str) -> JSONResponse:
+    state = get_state(request)
+    body = parse_model(PublishBody, await read_json_body(request, **_PUBLISH), **_PUBLISH)
+    adapter = await run_in_threadpool(stored_adapter, state, name)
+    publisher = Publisher(ensure_replicas(state))
+    result = await run_in_threadpool(publisher.publish, adapter, body.replicas, activate=body.activate)
+    # 502: a replica took none of it after its retries (the body says which and why)
+    return JSONResponse(result, status_code=502 if result["failed"] else 200)
+
+
+@router.post("/v1/adapters/{name}/unpublish")
+async def unpublish_adapter(request: Request, name: str) -> JSONResponse:
+    state = get_state(request)
+    raw = await request.body()
+    body = parse_model(UnpublishBody, await read_json_body(request, **_PUBLISH), **_PUBLISH) if raw.strip() \
+        else UnpublishBody()
+    ensure_adapters(state).path(name)  # a bad name is a 400 before any replica is asked
+    result = await run_in_threadpool(Publisher(ensure_replicas(state)).unpublish, name, body.replicas)
+    return JSONResponse(result, status_code=502 if result["failed"] else 200)
+
+
+@router.get("/v1/adapters/{name}/publications")
+async def adapter_publications(request: Request, name: str) -> dict[str, Any]:
+    state = get_state(request)
+    ensure_adapters(state).path(name)
+    return {"adapter": name, "replicas": ensure_replicas(state).records.for_adapter(name)}
