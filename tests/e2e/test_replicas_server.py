@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
+
+from kiln.testing.schemas import validate
 
 from .conftest import start_server, stop_server
 from .test_adapters_server import _peft_archive
@@ -64,6 +67,43 @@ def fleet(tiny_model_dir, tmp_path_factory):
             stop_server(s)
 
 
+def suite(name: str, n: int, max_tokens: int = 24) -> dict:
+    prompts = ["Tell me a story.", "What is 2 + 2?", "Name a colour.", "Hello!", "Where is Paris?"]
+    return {"name": name, "schema_version": 2,
+            "default_scorer": {"kind": "regex", "pattern": "[Tt]he|[aeiou]{2}"},
+            "generation": {"max_tokens": max_tokens, "temperature": 0.8},
+            "examples": [{"id": f"ex{i}", "messages": [{"role": "user", "content": f"{prompts[i % 5]} #{i}"}]}
+                         for i in range(n)]}
+
+
+def run_eval(url: str, body: dict, *, on_running=None, timeout: float = 300.0) -> tuple[dict, float]:
+    """(the finished job's result, seconds from submission to its end)."""
+    started = time.monotonic()
+    r = httpx.post(url + "/v1/eval/run", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    job_id = r.json()["job_id"]
+    while time.monotonic() - started < timeout:
+        result = httpx.get(f"{url}/v1/eval/jobs/{job_id}", timeout=30).json()
+        if result["state"] in ("completed", "failed", "cancelled"):
+            elapsed = time.monotonic() - started
+            validate("kiln-evals-v1.schema.json", "EvalResult", result)  # the contract's object, unchanged
+            return result, elapsed
+        if on_running is not None and result["state"] == "running":
+            on_running(job_id)
+        time.sleep(0.05)
+    raise AssertionError(f"eval job {job_id} did not finish in {timeout}s")
+
+
+def outcomes(result: dict) -> dict[str, tuple[str, str]]:
+    return {o["example_id"]: (o["raw_completion_text"], o["kind"], o["score"]) for o in result["runs"][0]["outcomes"]}
+
+
+def scores(result: dict) -> dict:
+    """The run's metrics less how long things took (which placement changes, as it should)."""
+    return {k: v for k, v in result["runs"][0]["metrics"].items()
+            if k not in ("latency", "elapsed_secs") and "per_sec" not in k}
+
+
 def _chat(url: str, model: str) -> str:
     r = httpx.post(url + "/v1/chat/completions", timeout=120,
                    json={"model": model, "messages": MSG, "max_tokens": 12, "temperature": 0})
@@ -99,6 +139,10 @@ def test_unpublish_takes_the_adapter_back(fleet):
     assert ADAPTER not in names
     pubs = httpx.get(f"{coordinator.url}/v1/adapters/{ADAPTER}/publications").json()["replicas"]
     assert "r2" not in pubs
+    # an eval on the adapter may not use a replica that does not serve it
+    r = httpx.post(coordinator.url + "/v1/eval/run", timeout=60,
+                   json={"inline_suite": suite("no-adapter", 2), "adapter": ADAPTER, "replicas": ["r2"]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "replica_not_ready", r.text
     httpx.post(f"{coordinator.url}/v1/adapters/{ADAPTER}/publish", json={"replicas": ["r2"]}, timeout=120)
 
 
@@ -133,3 +177,50 @@ def test_export_for_vllm_prints_the_serve_command(fleet, tmp_path):
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert f"--enable-lora --max-lora-rank 8 --lora-modules {ADAPTER}={out.resolve()}" in done.stdout
     assert "/v1/load_lora_adapter" in done.stdout
+
+
+def test_a_fanned_out_eval_scores_as_a_local_run_and_its_placement_is_recorded(fleet):
+    coordinator, _ = fleet
+    r = httpx.post(f"{coordinator.url}/v1/adapters/{ADAPTER}/publish", json={"replicas": "all"}, timeout=120)
+    assert r.status_code == 200, r.text
+    times, results = {}, {}
+    for label, replicas in (("local", None), ("1 replica", ["r0"]), ("3 replicas", "all")):
+        body = {"inline_suite": suite("fan", 24), "adapter": ADAPTER, "seed": 11}
+        if replicas is not None:
+            body["replicas"] = replicas
+        results[label], times[label] = run_eval(coordinator.url, body)
+        assert results[label]["state"] == "completed", results[label]
+    assert outcomes(results["3 replicas"]) == outcomes(results["local"]) == outcomes(results["1 replica"])
+    assert scores(results["3 replicas"]) == scores(results["local"]) == scores(results["1 replica"])
+    placement = httpx.get(f"{coordinator.url}/v1/eval/jobs/{results['3 replicas']['job_id']}/placement").json()
+    assert placement["replicas"] == ["r0", "r1", "r2"] and len(placement["examples"]) == 24
+    used = {e["target"] for e in placement["examples"]}
+    assert used == {"local", "r0", "r1", "r2"}, placement
+    print("eval wall time, 24 examples x 24 tokens:", {k: round(v, 2) for k, v in times.items()})
+
+
+def test_a_replica_killed_mid_eval_has_its_examples_reassigned(fleet):
+    coordinator, replicas = fleet
+    reference, _ = run_eval(coordinator.url, {"inline_suite": suite("kill", 60, 64), "adapter": "", "seed": 5})
+    killed = []
+
+    def kill_r1_once_running(job_id: str) -> None:
+        if killed:
+            return
+        replicas[1].proc.kill()  # SIGKILL while the job runs: whatever r1 holds in flight is lost there
+        placement = httpx.get(f"{coordinator.url}/v1/eval/jobs/{job_id}/placement", timeout=30).json()
+        killed.append(sum(1 for e in placement["examples"] if e["target"] is not None))
+
+    result, _ = run_eval(coordinator.url, {"inline_suite": suite("kill", 60, 64), "adapter": "", "seed": 5,
+                                           "replicas": "all"}, on_running=kill_r1_once_running)
+    assert killed, "the job ended before r1 could be killed"
+    assert result["state"] == "completed"
+    assert outcomes(result) == outcomes(reference)
+    assert scores(result) == scores(reference)
+    placement = httpx.get(f"{coordinator.url}/v1/eval/jobs/{result['job_id']}/placement").json()
+    r1 = next(t for t in placement["targets"] if t["name"] == "r1")
+    assert all(e["target"] is not None for e in placement["examples"])
+    assert r1["down"] is True and placement["reassigned"] >= 1, placement
+    print(f"kill test: r1 killed after {killed[0]} of 60 examples were answered; retries {placement['retries']}, "
+          f"reassigned {placement['reassigned']}; answered per target",
+          {t["name"]: t["answered"] for t in placement["targets"]})

@@ -20,6 +20,7 @@ from kiln.api.errors import parse_model, read_json_body
 from kiln.api.services import ensure_adapters
 from kiln.api.state import ServerState, get_state
 from kiln.replicas.compat import LocalModel
+from kiln.replicas.evals import ReplicaFanOut, placement_root
 from kiln.replicas.publish import Publisher
 from kiln.replicas.push import Adapter
 from kiln.replicas.service import ReplicaService, replica_root
@@ -47,8 +48,14 @@ def ensure_replicas(state: ServerState) -> ReplicaService:
 
 
 def init(state: ServerState) -> None:
-    ensure_adapters(state)
-    ensure_replicas(state)
+    store = ensure_adapters(state)
+    service = ensure_replicas(state)
+    if state.services.eval_jobs is not None and state.services.eval_jobs.fanout is None:
+        # evals that name `replicas` fan out over them (kiln.replicas.evals)
+        state.services.eval_jobs.fanout = ReplicaFanOut(
+            service, placement_root(state.settings.data.data_dir),
+            local_capacity=state.settings.engine.max_num_seqs, revision=store.content_hash,
+            local_model_name=lambda: local_model(state).name)
 
 
 class PublishBody(BaseModel):
