@@ -168,6 +168,32 @@ def test_a_replica_serving_other_base_weights_is_refused(fleet, tmp_path):
         stop_server(other)
 
 
+def test_a_vllm_replica_gets_a_peft_folder_in_the_shared_dir_and_load_lora_adapter(fleet, tiny_model_dir, tmp_path):
+    """vLLM's protocol, spoken to a Kiln server that allows runtime LoRA paths as vLLM does with
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING (no vLLM on this CPU machine)."""
+    coordinator, _ = fleet
+    shared = tmp_path / "shared-loras"
+    shared.mkdir()
+    other = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny",
+                         env={"KILN_SERVER_ALLOW_EXTERNAL_LORA_PATHS": "1"})
+    try:
+        r = httpx.post(coordinator.url + "/v1/replicas", timeout=30,
+                       json={"name": "v", "url": other.url + "/v1", "kind": "vllm", "lora_dir": str(shared)})
+        assert r.status_code == 200 and r.json()["status"]["compatible"] is True, r.text
+        r = httpx.post(f"{coordinator.url}/v1/adapters/{ADAPTER}/publish", json={"replicas": ["v"]}, timeout=120)
+        assert r.status_code == 200 and r.json()["replicas"]["v"]["action"] == "loaded", r.text
+        (folder,) = shared.iterdir()
+        assert folder.name.startswith(ADAPTER + "-")
+        config = __import__("json").loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(tiny_model_dir.resolve())
+        assert _chat(other.url, ADAPTER) == _chat(coordinator.url, ADAPTER)
+        r = httpx.post(f"{coordinator.url}/v1/adapters/{ADAPTER}/unpublish", json={"replicas": ["v"]}, timeout=120)
+        assert r.status_code == 200, r.text
+    finally:
+        httpx.delete(coordinator.url + "/v1/replicas/v")
+        stop_server(other)
+
+
 def test_export_for_vllm_prints_the_serve_command(fleet, tmp_path):
     coordinator, _ = fleet
     out = tmp_path / "vllm-out"
