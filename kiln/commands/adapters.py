@@ -1,4 +1,5 @@
-"""`kiln adapters list|load|unload|upload|download|merge|delete` against a running server."""
+"""`kiln adapters list|load|unload|upload|download|merge|delete|publish|unpublish|export` against a running
+server."""
 
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def register(sub) -> None:
     a.add_argument("--density", type=float, default=None, help="ties only: fraction of values kept (0, 1]")
     a = action("delete", "delete a saved adapter", _delete)
     a.add_argument("name", help="a stored adapter (not the active one: unload it first)")
+    for verb, func in (("publish", _publish), ("unpublish", _unpublish)):
+        a = action(verb, f"{verb} an adapter {'to' if verb == 'publish' else 'from'} replicas (kiln replicas list)",
+                   func)
+        a.add_argument("name", help="a stored adapter")
+        a.add_argument("--replicas", default="all", help="comma-separated replica names, or all (default)")
+        if verb == "publish":
+            a.add_argument("--activate", action="store_true", help="Kiln replicas: also make it their default adapter")
     a = action("export", "export an adapter for vLLM / PEFT (a PEFT folder) or llama.cpp (a LoRA GGUF)", _export)
     a.add_argument("name", help="a stored adapter")
     a.add_argument("dir", help="output folder: the PEFT files go in it, the GGUF is written as DIR/NAME.gguf")
@@ -159,6 +167,41 @@ def _delete(client: ServerClient, args) -> int:
     client.delete(f"/v1/adapters/{quote(args.name, safe='')}")
     print(f"deleted {args.name}")
     return 0
+
+
+def _replicas(text: str):
+    return "all" if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _publish_result(resp: httpx.Response) -> int:
+    body = resp.json()
+    if "replicas" not in body:  # an error envelope
+        _raise(resp)
+    for name, entry in body["replicas"].items():
+        what = entry.get("action") or entry["status"]
+        tail = f" after {entry['attempts']} attempt(s): {entry['error']}" if entry["status"] == "failed" else ""
+        print(f"{name}: {what}{tail}")
+    return 1 if body["failed"] else 0
+
+
+def _post_publication(client: ServerClient, path: str, body: dict) -> int:
+    # not client.request: a 502 still carries each replica's outcome, which is what to print
+    try:
+        resp = client.http.post(path, timeout=600, json=body)
+    except httpx.ConnectError:
+        raise ServerError(0, f"cannot reach a Kiln server at {client.url}",
+                          hint="Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.") from None
+    return _publish_result(resp)
+
+
+def _publish(client: ServerClient, args) -> int:
+    return _post_publication(client, f"/v1/adapters/{quote(args.name, safe='')}/publish",
+                             {"replicas": _replicas(args.replicas), "activate": args.activate})
+
+
+def _unpublish(client: ServerClient, args) -> int:
+    return _post_publication(client, f"/v1/adapters/{quote(args.name, safe='')}/unpublish",
+                             {"replicas": _replicas(args.replicas)})
 
 
 def _export(client: ServerClient, args) -> int:

@@ -18,7 +18,7 @@ from kiln.commands.client import (
 def register(sub) -> None:
     p = sub.add_parser("replicas", help="other servers (Kiln, vLLM, OpenAI-compatible) this server drives")
     cmds = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add_list_command(cmds, _list, "list replicas with their health and what was published to them")
+    add_url_argument(add_list_command(cmds, _list, "list replicas with their health and what was published to them"))
     a = cmds.add_parser("add", help="add a replica")
     add_url_argument(a)
     a.add_argument("name", help="the replica's name")

@@ -143,7 +143,12 @@ def test_unpublish_takes_the_adapter_back(fleet):
     r = httpx.post(coordinator.url + "/v1/eval/run", timeout=60,
                    json={"inline_suite": suite("no-adapter", 2), "adapter": ADAPTER, "replicas": ["r2"]})
     assert r.status_code == 409 and r.json()["error"]["code"] == "replica_not_ready", r.text
-    httpx.post(f"{coordinator.url}/v1/adapters/{ADAPTER}/publish", json={"replicas": ["r2"]}, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "kiln.cli", "adapters", "publish", ADAPTER, "--replicas", "r2",
+                           "--url", coordinator.url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "r2: uploaded" in done.stdout, done.stdout + done.stderr
+    listing = subprocess.run([sys.executable, "-m", "kiln.cli", "replicas", "list", "--url", coordinator.url],
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and "r2" in listing.stdout and ADAPTER in listing.stdout, listing.stderr
 
 
 def test_a_replica_serving_other_base_weights_is_refused(fleet, tmp_path):
