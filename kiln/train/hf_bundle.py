@@ -1,4 +1,4 @@
-"""The SFT handoff bundle: a folder that trains this server's LoRA with TRL + PEFT on other machines.
+"""Handoff bundles: folders that train this server's LoRA with TRL + PEFT on other machines (SFT, DPO).
 
 `write_sft_bundle` writes: train.jsonl (the rows, `{"messages": [...]}`, TRL's conversational form),
 chat_template.jinja (the served model's template, which train.py puts on the tokenizer so training
@@ -6,7 +6,8 @@ renders conversations exactly as serving does), kiln_sft.json (base model, LoRA 
 the hyperparameters from the same SftConfig a POST /v1/train/sft takes), train.py (SFTTrainer with a
 PEFT LoraConfig; saves a PEFT folder), requirements.txt pinned to the versions this server runs, and
 README.md with the `accelerate launch` command and how to bring the adapter back
-(POST /v1/train/hf/peft/imports/{name}).
+(POST /v1/train/hf/peft/imports/{name}). `write_dpo_bundle` writes the same set for DPOTrainer, with
+preference rows `{"prompt": [messages], "chosen": [reply], "rejected": [reply]}` and kiln_dpo.json.
 """
 
 from __future__ import annotations
@@ -16,12 +17,21 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from kiln.store.atomic import atomic_write_json, atomic_write_text
-from kiln.train.requests import SftConfig
+from kiln.train.requests import CommonConfig, SftConfig
 
 # What train.py imports; pinned to this server's versions when installed here, else to these floors.
 REQUIREMENTS = {"torch": "2.4", "transformers": "4.56", "peft": "0.17", "trl": "1.0", "accelerate": "1.0",
                 "datasets": "3.0"}
+
+class DpoBundleConfig(CommonConfig):
+    """LoRA and hyperparameters of a DPO bundle (trained elsewhere, so nothing here runs them)."""
+
+    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False)
+    beta: float = Field(0.1, gt=0, allow_inf_nan=False)   # DPO's KL strength
+
 
 TRAIN_PY = '''"""SFT of a LoRA adapter with TRL's SFTTrainer + PEFT, written by Kiln (see README.md).
 
@@ -86,6 +96,14 @@ if __name__ == "__main__":
 '''
 
 
+TRAIN_DPO_PY = (TRAIN_PY
+                .replace("SFT of a LoRA adapter with TRL's SFTTrainer", "DPO of a LoRA adapter with TRL's DPOTrainer")
+                .replace("from trl import SFTConfig, SFTTrainer", "from trl import DPOConfig, DPOTrainer")
+                .replace("kiln_sft.json", "kiln_dpo.json")
+                .replace("training_args = SFTConfig(", "training_args = DPOConfig(\n        beta=hp[\"beta\"],")
+                .replace("trainer = SFTTrainer(", "trainer = DPOTrainer("))
+
+
 def pinned_requirements() -> str:
     lines = []
     for package, floor in REQUIREMENTS.items():
@@ -96,15 +114,17 @@ def pinned_requirements() -> str:
     return "\n".join(lines) + "\n"
 
 
-def lora_section(config: SftConfig) -> dict[str, Any]:
+def lora_section(config: CommonConfig) -> dict[str, Any]:
     return {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": list(config.target_modules),
             "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
 
 
-def readme(name: str, base_model: str, rows: int) -> str:
-    return f"""# SFT handoff bundle `{name}`
+def readme(name: str, base_model: str, rows: int, kind: str = "sft") -> str:
+    what = "training conversations" if kind == "sft" else "preference pairs (prompt, chosen, rejected)"
+    config = "kiln_sft.json" if kind == "sft" else "kiln_dpo.json"
+    return f"""# {kind.upper()} handoff bundle `{name}`
 
-Written by Kiln: {rows} training conversations for a LoRA adapter on `{base_model}`, to train with
+Written by Kiln: {rows} {what} for a LoRA adapter on `{base_model}`, to train with
 TRL + PEFT on any machine (GPUs, several nodes).
 
     pip install -r requirements.txt
@@ -119,8 +139,8 @@ Pass `--base-model` when the base model lives at another path or HF id there. Th
 
 (the server checks it as it checks an upload), or `kiln adapters upload {name} adapter/`.
 
-Files: train.jsonl (`{{"messages": [...]}}` rows), chat_template.jinja (the template Kiln serves with,
-set on the tokenizer), kiln_sft.json (LoRA configuration and hyperparameters), train.py, requirements.txt.
+Files: train.jsonl (the rows), chat_template.jinja (the template Kiln serves with, set on the
+tokenizer), {config} (LoRA configuration and hyperparameters), train.py, requirements.txt.
 """
 
 
@@ -140,4 +160,25 @@ def write_sft_bundle(out: Path, *, name: str, rows: list[dict[str, Any]], chat_t
     atomic_write_text(out / "train.py", TRAIN_PY)
     atomic_write_text(out / "requirements.txt", pinned_requirements())
     atomic_write_text(out / "README.md", readme(name, base_model, len(rows)))
+    return sorted(p.name for p in out.iterdir())
+
+
+def write_dpo_bundle(out: Path, *, name: str, pairs: list[dict[str, Any]], chat_template: str, base_model: str,
+                     config: DpoBundleConfig) -> list[str]:
+    """`pairs`: {"prompt": [messages], "chosen": str, "rejected": str}."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{"prompt": p["prompt"], "chosen": [{"role": "assistant", "content": p["chosen"]}],
+             "rejected": [{"role": "assistant", "content": p["rejected"]}]} for p in pairs]
+    atomic_write_text(out / "train.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(out / "chat_template.jinja", chat_template)
+    atomic_write_json(out / "kiln_dpo.json", {
+        "name": name, "base_model": base_model, "lora": lora_section(config),
+        "training": {"epochs": config.epochs, "batch_size": config.batch_size,
+                     "gradient_accumulation_steps": config.gradient_accumulation_steps,
+                     "learning_rate": config.learning_rate, "weight_decay": config.weight_decay,
+                     "max_grad_norm": config.max_grad_norm, "max_seq_len": config.max_seq_len, "seed": config.seed,
+                     "beta": config.beta}})
+    atomic_write_text(out / "train.py", TRAIN_DPO_PY)
+    atomic_write_text(out / "requirements.txt", pinned_requirements())
+    atomic_write_text(out / "README.md", readme(name, base_model, len(rows), kind="dpo"))
     return sorted(p.name for p in out.iterdir())

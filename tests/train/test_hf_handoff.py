@@ -12,7 +12,7 @@ import pytest
 
 from tests.api.tiny_server import tiny_server
 
-ROUTERS = ["kiln.api.routers.chat", "kiln.api.routers.adapters", "kiln.api.routers.datasets",
+ROUTERS = ["kiln.api.routers.chat", "kiln.api.routers.adapters", "kiln.api.routers.datasets", "kiln.api.routers.judgments",
            "kiln.api.routers.hf_interop"]
 ROWS = [{"messages": [{"role": "user", "content": f"What is the code word #{i}?"},
                       {"role": "assistant", "content": "The code word is quillton."}]} for i in range(6)]
@@ -71,3 +71,29 @@ def test_train_py_runs_with_trl_and_its_adapter_imports_and_serves(server, tmp_p
     # outside the exports folder the operator's switch decides, as for /v1/load_lora_adapter
     r = server.client.post("/v1/train/hf/peft/imports/other", json={"path": str(tmp_path)})
     assert r.status_code == 403 and r.json()["error"]["code"] == "lora_path_not_allowed"
+
+
+def test_a_dpo_bundle_from_a_judgment_set_trains_with_trl_and_imports(server, tmp_path):
+    pytest.importorskip("trl")
+    client = server.client
+    assert client.post("/v1/judgments", json={"name": "prefs"}).status_code == 200
+    for i, winner in enumerate(["a", "b", "tie", "a"]):
+        r = client.post("/v1/judgments/prefs/rows", json={
+            "prompt": [{"role": "user", "content": f"Greet me #{i}"}], "response_a": "Hello there, friend!",
+            "response_b": "go away", "winner": winner})
+        assert r.status_code == 200, r.text
+    r = client.post("/v1/train/hf/dpo/exports", json={"name": "dpo-handoff", "judgments": "prefs",
+                                                     "config": {"lora_rank": 4, "target_modules": ["q_proj"]}})
+    assert r.status_code == 200, r.text
+    folder = r.json()["path"]
+    rows = [json.loads(line) for line in open(os.path.join(folder, "train.jsonl"))]
+    assert len(rows) == 3  # the tie is left out
+    assert rows[1]["chosen"] == [{"role": "assistant", "content": "go away"}]
+    assert json.loads(open(os.path.join(folder, "kiln_dpo.json")).read())["training"]["beta"] == 0.1
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "train.py", "--max-steps", "2"], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = client.post("/v1/train/hf/peft/imports/dpo-handoff", json={"path": os.path.join(folder, "adapter")})
+    assert r.status_code == 200 and r.json()["status"] == "imported", r.text

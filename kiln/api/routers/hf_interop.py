@@ -3,6 +3,10 @@
 POST /v1/train/hf/sft/exports        {name, dataset | examples, dataset_split?, config?} -> a bundle folder
                                      under <data_dir>/hf-exports/<name> (409 when it exists)
 GET  /v1/train/hf/sft/exports/{name} the bundle as tar.gz
+POST /v1/train/hf/dpo/exports        {name, judgments | examples, config?} -> a DPOTrainer bundle; a judgment
+                                     set gives one pair per verdict a or b (ties and skips are left out);
+                                     examples are {prompt: [messages], chosen, rejected}
+GET  /v1/train/hf/dpo/exports/{name} the bundle as tar.gz
 POST /v1/train/hf/peft/imports/{name} {path}: a PEFT folder (TRL's output) stored as adapter `name`, through
                                      the upload's checks; a path outside the exports folder needs
                                      server.allow_external_lora_paths, as /v1/load_lora_adapter does.
@@ -24,13 +28,13 @@ from starlette.concurrency import run_in_threadpool
 from kiln.adapters.export import base_model_reference
 from kiln.adapters.importing import import_adapter_folder
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters, ensure_datasets
+from kiln.api.services import ensure_adapters, ensure_datasets, ensure_judgments
 from kiln.api.state import ServerState, get_state
 from kiln.data.formats import sft_problem
 from kiln.errors import KilnError
 from kiln.store.folder_archive import pack_folder
 from kiln.store.names import validate_name
-from kiln.train.hf_bundle import write_sft_bundle
+from kiln.train.hf_bundle import DpoBundleConfig, write_dpo_bundle, write_sft_bundle
 from kiln.train.requests import SftConfig
 
 router = APIRouter(tags=["training"])
@@ -40,7 +44,7 @@ PREFIX = "Invalid HF export request: "
 
 def init(state: ServerState) -> None:
     ensure_adapters(state)
-    ensure_datasets(state)
+    ensure_judgments(state)  # and the datasets
 
 
 class SftExportBody(BaseModel):
@@ -50,6 +54,14 @@ class SftExportBody(BaseModel):
     dataset_split: str | None = None
     examples: list[Any] | None = None
     config: SftConfig = Field(default_factory=SftConfig)
+
+
+class DpoExportBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    judgments: str | None = None
+    examples: list[Any] | None = None
+    config: DpoBundleConfig = Field(default_factory=DpoBundleConfig)
 
 
 class PeftImportBody(BaseModel):
@@ -78,10 +90,35 @@ def _rows(state: ServerState, body: SftExportBody) -> list[dict[str, Any]]:
     return rows
 
 
-def _export(state: ServerState, body: SftExportBody) -> dict[str, Any]:
+def _pairs(state: ServerState, body: DpoExportBody) -> list[dict[str, Any]]:
+    if (body.judgments is None) == (body.examples is None):
+        raise KilnError(400, CODE, PREFIX + "give exactly one of judgments or examples", param="judgments")
+    if body.judgments is not None:
+        pairs = []
+        for row in ensure_judgments(state).rows(body.judgments):
+            if row["winner"] in ("a", "b"):
+                win, lose = ("response_a", "response_b") if row["winner"] == "a" else ("response_b", "response_a")
+                pairs.append({"prompt": row["prompt"], "chosen": row[win], "rejected": row[lose]})
+        if not pairs:
+            raise KilnError(400, CODE, PREFIX + f"judgment set {body.judgments!r} has no verdict a or b",
+                            param="judgments")
+        return pairs
+    pairs = list(body.examples or [])
+    for i, pair in enumerate(pairs):
+        ok = isinstance(pair, dict) and sft_problem({"messages": pair.get("prompt")}) is None and \
+            isinstance(pair.get("chosen"), str) and isinstance(pair.get("rejected"), str)
+        if not ok:
+            raise KilnError(400, CODE, PREFIX + f"examples[{i}] must be {{prompt: [messages], chosen: str, "
+                            "rejected: str}", param=f"examples[{i}]")
+    if not pairs:
+        raise KilnError(400, CODE, PREFIX + "no pairs to train on", param="examples")
+    return pairs
+
+
+def _export(state: ServerState, body: SftExportBody | DpoExportBody) -> dict[str, Any]:
     validate_name(body.name, param="name")
     engine = state.require_engine()
-    rows = _rows(state, body)
+    rows = _rows(state, body) if isinstance(body, SftExportBody) else _pairs(state, body)
     root = export_root(state)
     dest = root / body.name
     if dest.exists():
@@ -93,8 +130,11 @@ def _export(state: ServerState, body: SftExportBody) -> dict[str, Any]:
     ref = base_model_reference(model_path or str(default_model_path()), embedded=model_path is None)
     staging = root / f".tmp-{uuid.uuid4().hex}"
     try:
-        files = write_sft_bundle(staging, name=body.name, rows=rows, chat_template=engine.tokenizer.chat_template,
-                                 base_model=ref.hf or str(model_path), config=body.config)
+        write = write_sft_bundle if isinstance(body, SftExportBody) else write_dpo_bundle
+        common = {"name": body.name, "chat_template": engine.tokenizer.chat_template,
+                  "base_model": ref.hf or str(model_path), "config": body.config}
+        files = write(staging, rows=rows, **common) if isinstance(body, SftExportBody) else \
+            write(staging, pairs=rows, **common)
         os.rename(staging, dest)  # whole or not at all
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -110,7 +150,15 @@ async def export_sft(request: Request) -> dict[str, Any]:
     return await run_in_threadpool(_export, get_state(request), body)
 
 
+@router.post("/v1/train/hf/dpo/exports")
+async def export_dpo(request: Request) -> dict[str, Any]:
+    body = parse_model(DpoExportBody, await read_json_body(request, code=CODE, prefix=PREFIX), code=CODE,
+                       prefix=PREFIX)
+    return await run_in_threadpool(_export, get_state(request), body)
+
+
 @router.get("/v1/train/hf/sft/exports/{name}")
+@router.get("/v1/train/hf/dpo/exports/{name}")
 async def download_export(request: Request, name: str) -> Response:
     validate_name(name, param="name")
     folder = export_root(get_state(request)) / name
