@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_the_bundle_holds_rows_template_lora_config_script_pins_and_readme(serve
                                                              "config": {"lora_rank": 4, "target_modules": ["q_proj"]}})
     assert r.status_code == 200, r.text
     body = r.json()
-    folder = __import__("pathlib").Path(body["path"])
+    folder = Path(body["path"])
     assert body["files"] == ["README.md", "chat_template.jinja", "kiln_sft.json", "requirements.txt", "train.jsonl",
                              "train.py"]
     rows = [json.loads(line) for line in (folder / "train.jsonl").read_text().splitlines()]
@@ -86,10 +87,10 @@ def test_a_dpo_bundle_from_a_judgment_set_trains_with_trl_and_imports(server, tm
                                                      "config": {"lora_rank": 4, "target_modules": ["q_proj"]}})
     assert r.status_code == 200, r.text
     folder = r.json()["path"]
-    rows = [json.loads(line) for line in open(os.path.join(folder, "train.jsonl"))]
+    rows = [json.loads(line) for line in Path(folder, "train.jsonl").read_text().splitlines()]
     assert len(rows) == 3  # the tie is left out
     assert rows[1]["chosen"] == [{"role": "assistant", "content": "go away"}]
-    assert json.loads(open(os.path.join(folder, "kiln_dpo.json")).read())["training"]["beta"] == 0.1
+    assert json.loads(Path(folder, "kiln_dpo.json").read_text())["training"]["beta"] == 0.1
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "train.py", "--max-steps", "2"], cwd=folder, env=env, capture_output=True,
