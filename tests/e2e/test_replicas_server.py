@@ -210,6 +210,31 @@ def test_export_for_vllm_prints_the_serve_command(fleet, tmp_path):
     assert "/v1/load_lora_adapter" in done.stdout
 
 
+def test_a_training_job_whose_gate_passes_publishes_its_adapter(fleet):
+    coordinator, replicas = fleet
+    held = suite("held", 20, 4)  # the gate needs 20 pairs
+    assert httpx.post(coordinator.url + "/v1/eval/suites", json=held, timeout=30).status_code == 200
+    rows = [{"messages": [{"role": "user", "content": f"Say the word #{i}"},
+                          {"role": "assistant", "content": "quillton"}]} for i in range(4)]
+    r = httpx.post(coordinator.url + "/v1/train/sft", timeout=60, json={
+        "examples": rows, "config": {"output_name": "gated", "epochs": 1, "lora_rank": 4, "auto_load": False},
+        # relative_recovery 0 is always met: the gate passes ("kept": auto_load is off)
+        "post_eval": {"suite": "held", "min_accuracy": 0.0, "relative_recovery": 0.0, "publish_on_pass": ["r0"]}})
+    assert r.status_code == 200, r.text
+    job_id = r.json()["job_id"]
+    deadline = time.monotonic() + 240
+    pubs: dict = {}
+    while time.monotonic() < deadline and "r0" not in pubs:
+        status = httpx.get(f"{coordinator.url}/v1/train/status/{job_id}", timeout=10).json()
+        assert status["state"] not in ("failed", "cancelled"), status
+        assert status.get("gate_outcome") in (None, "pending", "kept"), status
+        pubs = httpx.get(f"{coordinator.url}/v1/adapters/gated/publications", timeout=10).json()["replicas"]
+        time.sleep(0.3)
+    assert status["gate_outcome"] == "kept", status
+    assert set(pubs) == {"r0"}
+    assert _chat(replicas[0].url, "gated") == _chat(coordinator.url, "gated")
+
+
 def test_a_fanned_out_eval_scores_as_a_local_run_and_its_placement_is_recorded(fleet):
     coordinator, _ = fleet
     r = httpx.post(f"{coordinator.url}/v1/adapters/{ADAPTER}/publish", json={"replicas": "all"}, timeout=120)

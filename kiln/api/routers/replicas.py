@@ -8,6 +8,8 @@ poller starts with the app.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -17,8 +19,9 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.adapters.export import base_model_reference
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters
+from kiln.api.services import ensure_adapters, ensure_training
 from kiln.api.state import ServerState, get_state
+from kiln.errors import KilnError
 from kiln.replicas.compat import LocalModel
 from kiln.replicas.evals import ReplicaFanOut, placement_root
 from kiln.replicas.publish import Publisher
@@ -26,6 +29,7 @@ from kiln.replicas.push import Adapter
 from kiln.replicas.service import ReplicaService, replica_root
 
 router = APIRouter(tags=["replicas"])
+log = logging.getLogger("kiln.replicas")
 
 
 def local_model(state: ServerState) -> LocalModel:
@@ -47,9 +51,36 @@ def ensure_replicas(state: ServerState) -> ReplicaService:
     return state.services.replicas
 
 
+def publish_on_pass(state: ServerState, job: Any) -> None:
+    """A training job's terminal-state listener: a passed gate with post_eval.publish_on_pass publishes the
+    adapter (on a thread: pushes take network time); the outcome is logged and kept in the records."""
+    replicas = (job.post_eval or {}).get("publish_on_pass")
+    if replicas is None or job.gate_outcome not in ("promoted", "kept"):
+        return
+
+    def run() -> None:
+        try:
+            result = Publisher(ensure_replicas(state)).publish(stored_adapter(state, job.adapter_name), replicas)
+            log.info("training job %s: published %s to %s: %s", job.job_id, job.adapter_name,
+                     ", ".join(result["replicas"]), result["status"])
+        except KilnError as e:
+            log.warning("training job %s: publishing %s on pass failed: %s", job.job_id, job.adapter_name, e.message)
+        except Exception:  # noqa: BLE001 - a thread's failure is logged, never lost
+            log.exception("training job %s: publishing on pass failed", job.job_id)
+
+    threading.Thread(target=run, name="kiln-publish-on-pass", daemon=True).start()
+
+
 def init(state: ServerState) -> None:
     store = ensure_adapters(state)
     service = ensure_replicas(state)
+    if state.services.eval_jobs is not None:
+        training = ensure_training(state)
+        if not any(getattr(f, "__name__", "") == "publish_after_gate" for f in training.listeners):
+            def publish_after_gate(job: Any) -> None:
+                publish_on_pass(state, job)
+
+            training.listeners.append(publish_after_gate)
     if state.services.eval_jobs is not None and state.services.eval_jobs.fanout is None:
         # evals that name `replicas` fan out over them (kiln.replicas.evals)
         state.services.eval_jobs.fanout = ReplicaFanOut(
