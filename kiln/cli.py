@@ -1,5 +1,5 @@
 """`kiln` command line: serve | chat | eval | bench | adapters | train | datasets | judgments | requests |
-corrections | replicas."""
+corrections | replicas | teachers."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "kiln.commands.requests",
     "kiln.commands.corrections",
     "kiln.commands.replicas",
+    "kiln.commands.teachers",
 ]
 
 
@@ -35,7 +36,7 @@ examples:
   kiln train sft data.jsonl -o support-v2      # train an adapter, follow the job, hot-swap it in
   kiln eval run my-suite --adapter support-v2  # measure it
 
-The client commands (chat, adapters, train, eval, datasets, judgments, corrections) talk to a
+The client commands (chat, adapters, train, eval, datasets, judgments, corrections, teachers) talk to a
 running server: --url (default $KILN_SERVER_URL or http://127.0.0.1:8420). `kiln COMMAND --help`
 says more.
 """
@@ -54,15 +55,17 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
              "and inspect, re-run, replay or report eval jobs.",
              ["kiln eval run my-suite --adapter support-v2", "kiln eval compare my-suite '' support-v2",
               "kiln eval jobs", "kiln eval report eval-1234 -o report.html"]),
-    "train": ("Train LoRA adapters on the server with SFT or GRPO; the new adapter is hot-swapped in when the job "
-              "ends (optionally behind a post-training eval gate).",
+    "train": ("Train LoRA adapters on the server with SFT, GRPO or DPO; the new adapter is hot-swapped in when the "
+              "job ends (optionally behind a post-training eval gate).",
               ["kiln train sft data.jsonl -o support-v2", "kiln train sft --dataset support -o support-v2 --epochs 5",
-               "kiln train status", "kiln train status train-1234 --follow"]),
+               "kiln train dpo --judgments prefs -o prefs-dpo", "kiln train status",
+               "kiln train status train-1234 --follow"]),
     "judgments": ("Pairwise judgment sets (which of two replies is better), compiled into training data for a "
                   "judge adapter, and that judge's held-out validation.",
                   ["kiln judgments create prefs",
                    "kiln judgments append prefs --prompt 'Say hi' --response-a hi --response-b 'Hello!' --winner b",
-                   "kiln judgments compile prefs --output prefs-sft", "kiln judgments validate prefs --adapter judge-v1"]),
+                   "kiln judgments compile prefs --output prefs-sft", "kiln judgments validate prefs --adapter judge-v1",
+                   "kiln judgments export prefs --format openai -o prefs.jsonl"]),
     "requests": ("The server's request log (<data_dir>/requests, when [request_log] enabled = true) as training "
                  "data.",
                  ["kiln requests export --since 2h --adapter base -o rows.jsonl"]),
@@ -74,6 +77,10 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
                     "them into an adapter.",
                     ["kiln corrections add chatcmpl-1234 -c 'The capital of Zorbania is Quillton.'",
                      "kiln corrections list", "kiln corrections train -o fixes-v1"]),
+    "teachers": ("Teachers to distill from: this server's model wearing an adapter, or a remote Kiln / vLLM server "
+                 "with the same tokenizer, verified when registered.",
+                 ["kiln teachers add tutor --local --adapter facts-v1",
+                  "kiln teachers add big --remote http://10.0.0.2:8000 --api-key-env BIG_KEY", "kiln teachers list"]),
 }
 
 

@@ -35,6 +35,7 @@ ROUTER_MODULES = [
     "kiln.api.routers.replicas",  # after adapters and eval jobs: publishing and eval fan-out use both
     "kiln.api.routers.train",
     "kiln.api.routers.hf_interop",  # TRL handoff: SFT bundles out, PEFT folders back in
+    "kiln.api.routers.teachers",
     "kiln.api.routers.stats",
     "kiln.api.routers.corrections",
     "kiln.api.routers.compat",

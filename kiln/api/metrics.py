@@ -20,8 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kiln.api.state import ServerState
+from kiln.core.output_grammar import KINDS
 from kiln.core.thinking_budget import outcome_label
 from kiln.engine.chat_response import FinishedCompletion, status_of
+from kiln.engine.grammar import REFUSAL_REASONS
 from kiln.engine.timing import now
 from kiln.errors import KilnError
 
@@ -226,6 +228,7 @@ class _EngineCollector(Collector):
         yield _gauge("kiln_decode_itl_samples", "Inter-token gaps in the rolling window.", snap.sample_count)
         yield _gauge("kiln_decode_window_seconds", "Length of the decode-stats rolling window.", snap.window_secs)
 
+        yield from _grammar_metrics(engine)
         gate = getattr(engine, "admission", None)
         if gate is not None:
             yield _gauge("kiln_admission_waiting_requests", "Admitted requests still waiting for their first token.",
@@ -245,6 +248,37 @@ class _EngineCollector(Collector):
             for limit, n in gate.refused_by.items():
                 refused.add_metric([limit], n)
             yield refused
+
+def _grammar_metrics(engine: Any) -> Iterator[Any]:
+    """Output grammars (kiln.engine.grammar): requests by kind, refusals by reason, compile and mask time."""
+    compiler = getattr(engine, "grammars", None)
+    runner = getattr(getattr(engine, "actor", None), "runner", None)
+    masks = getattr(runner, "grammar_counters", None)
+    if compiler is None or masks is None:
+        return
+    c = compiler.counters
+    requests = CounterMetricFamily("kiln_structured_requests", "Requests with an output grammar, by kind.",
+                                   labels=["kind"])
+    for kind in KINDS:
+        requests.add_metric([kind], c.requests.get(kind, 0))
+    yield requests
+    refusals = CounterMetricFamily("kiln_structured_refusals", "Output grammars refused with a 400, by reason.",
+                                   labels=["reason"])
+    for reason in REFUSAL_REASONS:
+        refusals.add_metric([reason], c.refusals.get(reason, 0))
+    yield refusals
+    yield _counter("kiln_structured_compiles", "Output grammars compiled (cache misses).", c.compiles)
+    yield _counter("kiln_structured_compile_cache_hits", "Output grammars found compiled in the cache.", c.cache_hits)
+    p50 = c.compile_p50_ms()
+    yield _gauge("kiln_structured_compile_p50_seconds", "Median compile time of the last 1024 compiles.",
+                 (p50 or 0.0) / 1000.0)
+    yield _counter("kiln_structured_mask_seconds", "Time spent computing grammar token masks.", masks.mask_seconds)
+    yield _counter("kiln_structured_mask_batches", "Steps that computed grammar masks (one call each).", masks.masks)
+    yield _counter("kiln_structured_mask_rows", "Grammar token masks computed (one per constrained row and step).",
+                   masks.mask_rows)
+    yield _counter("kiln_structured_failures", "Choices whose grammar failed mid-generation (finish_reason error).",
+                   masks.failures)
+
 
 def _service_metrics(state: ServerState) -> Iterator[Any]:
     recorder = state.services.recorder

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from kiln.train.corrections import CorrectionStore
     from kiln.train.executor import JobContext
     from kiln.train.manager import TrainingManager
+    from kiln.train.teachers import TeacherStore
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Services:
     recorder: CompletionRecorder | None = None       # recent requests, the request log (kiln.engine.records)
     corrections: CorrectionStore | None = None
     replicas: ReplicaService | None = None           # built by kiln.api.routers.replicas.ensure_replicas
+    teachers: TeacherStore | None = None
 
     def active_adapter_name(self) -> str | None:
         return getattr(self.adapters_active, "name", None) or None
@@ -87,6 +89,14 @@ def ensure_judgments(state: ServerState) -> JudgmentStore:
     if state.services.judgments is None:
         state.services.judgments = JudgmentStore(Path(state.settings.data.data_dir) / "judgments")
     return state.services.judgments
+
+
+def ensure_teachers(state: ServerState) -> TeacherStore:
+    from kiln.train.teachers import TeacherStore
+
+    if state.services.teachers is None:
+        state.services.teachers = TeacherStore(Path(state.settings.data.data_dir) / "teachers")
+    return state.services.teachers
 
 
 def ensure_suites(state: ServerState) -> SuiteStore:

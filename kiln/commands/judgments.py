@@ -1,8 +1,9 @@
-"""`kiln judgments create|list|append|delete|render-prompt|compile|validate` against a running server."""
+"""`kiln judgments create|list|append|delete|render-prompt|compile|validate|export` against a running server."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -57,7 +58,15 @@ def register(sub) -> None:
     val.add_argument("--holdout-n", type=int, help="how many of the most recent judgments to score (default 20)")
     val.set_defaults(func=lambda a: run_client_command(_validate, a))
 
-    for parser in (create, ls, append, rm, render, comp, val):
+    export = cmds.add_parser("export", help="write the A/B judgments as preference JSONL (TRL's or OpenAI's DPO format)")
+    export.add_argument("name", help="judgment set name")
+    export.add_argument("--format", choices=("trl", "openai"), default="trl",
+                        help="trl: {prompt, chosen, rejected} (default); openai: {input, preferred_output, "
+                             "non_preferred_output}")
+    export.add_argument("--output", "-o", type=Path, help="write to this file (default: stdout)")
+    export.set_defaults(func=lambda a: run_client_command(_export, a))
+
+    for parser in (create, ls, append, rm, render, comp, val, export):
         add_url_argument(parser)
 
 
@@ -169,4 +178,15 @@ def _validate(client: ServerClient, args) -> int:
           f"(seed {resp['effective_seed']}); follow it with `kiln eval show {resp['eval_job_id']}`")
     for warning in resp["warnings"]:
         print(f"warning: {warning}")
+    return 0
+
+
+def _export(client: ServerClient, args) -> int:
+    resp = client.request("GET", f"/v1/judgments/{_q(args.name)}/export", params={"format": args.format})
+    if args.output is None:
+        sys.stdout.write(resp.text)
+    else:
+        args.output.write_bytes(resp.content)
+    print(f"{resp.headers.get('x-kiln-pairs', '?')} pairs ({resp.headers.get('x-kiln-ties-left-out', '?')} tie and "
+          f"{resp.headers.get('x-kiln-skips-left-out', '?')} skip judgments left out)", file=sys.stderr)
     return 0

@@ -211,7 +211,8 @@ def _run(args) -> int:
             if s.training is not None and s.training.auto_resume:
                 from kiln.train.submission import resume_interrupted
 
-                resume_interrupted(s.training, state.engine, s.adapter_store, s.datasets, s.eval_suites)
+                resume_interrupted(s.training, state.engine, s.adapter_store, s.datasets, s.eval_suites,
+                                   s.judgments)
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"

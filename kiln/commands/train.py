@@ -1,8 +1,10 @@
-"""`kiln train sft|grpo|status|queue|cancel`: submit training jobs to the server at --url and follow them.
+"""`kiln train sft|grpo|dpo|status|queue|cancel`: submit training jobs to the server at --url and follow them.
 
 `sft FILE` reads a local JSONL file of conversations and sends it inline; `--dataset NAME` trains on an
 uploaded dataset split; `--server-path PATH` names a JSONL file on the server's own disk. `grpo` takes
-the same sources with rows of {messages, completions: [{text, reward}]}. Submitting follows the job
+the same sources with rows of {messages, completions: [{text, reward}]}; `dpo` takes preference rows
+({messages, chosen, rejected}, TRL's {prompt, chosen, rejected} or OpenAI's DPO rows) or `--judgments
+NAME`, a judgment set whose A/B rows become the pairs. Submitting follows the job
 with a progress bar and the loss until it ends (Ctrl-C cancels it); `status --follow` does the same
 for a job already running. `--post-eval-suite` adds a post-training eval (semantics.md §8.14): following
 then waits while its gate is pending and prints the outcome and verdict (train_follow.py).
@@ -30,7 +32,7 @@ from kiln.commands.train_follow import EXIT_HELP, TERMINAL, follow, report
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train LoRA adapters on the server (SFT, GRPO) and follow the jobs")
+    p = sub.add_parser("train", help="train LoRA adapters on the server (SFT, GRPO, DPO) and follow the jobs")
     cmds = p.add_subparsers(dest="train_command", metavar="ACTION", required=True)
 
     sft = cmds.add_parser("sft", help="supervised fine-tuning on chat conversations", epilog=EXIT_HELP)
@@ -48,6 +50,19 @@ def register(sub) -> None:
                       help='score completions with an eval scorer, e.g. \'{"kind": "exact_match"}\'')
     grpo.add_argument("--target", help="with --reward-scorer: the target for groups without their own")
     grpo.set_defaults(func=lambda a: run_client_command(_submit_grpo, a))
+
+    dpo = cmds.add_parser("dpo", help="DPO on preference pairs or a judgment set's A/B judgments", epilog=EXIT_HELP)
+    _source_args(dpo, "JSONL of {\"messages\", \"chosen\", \"rejected\"} pairs (or TRL / OpenAI preference rows)")
+    dpo.add_argument("--judgments", metavar="NAME",
+                     help="train on this judgment set instead (A/B rows; tie and skip rows are left out)")
+    _common_args(dpo)
+    dpo.add_argument("--beta", type=float, help="strength of the pull toward the starting model (default 0.1)")
+    dpo.add_argument("--loss-type", choices=("sigmoid", "ipo"), help="DPO's sigmoid loss (default) or IPO")
+    dpo.add_argument("--heldout-percent", type=int,
+                     help="share of the prompts held out to score the adapter against its start (default 10)")
+    dpo.add_argument("--min-heldout-win-rate", type=float, metavar="F",
+                     help="do not load the new adapter unless it beats its start on at least F of the held-out pairs")
+    dpo.set_defaults(func=lambda a: run_client_command(_submit_dpo, a))
 
     status = cmds.add_parser("status", help="list training jobs, or show / follow one", epilog="with --follow, " + EXIT_HELP)
     status.add_argument("job_id", nargs="?", help="a job id (default: all jobs; with --follow the running one)")
@@ -83,8 +98,9 @@ def _common_args(p) -> None:
     p.add_argument("--rank", dest="lora_rank", type=int, help="LoRA rank (default 16)")
     p.add_argument("--alpha", dest="lora_alpha", type=float, help="LoRA alpha; the delta is scaled by alpha/rank (default 32)")
     p.add_argument("--target-modules", help="comma-separated projections (default: all attention and MLP)")
-    p.add_argument("--lr", dest="learning_rate", type=float, help="learning rate (default 2e-4 for SFT, 1e-5 for GRPO)")
-    p.add_argument("--epochs", type=int, help="passes over the data (default 3 for SFT, 1 for GRPO)")
+    p.add_argument("--lr", dest="learning_rate", type=float,
+                   help="learning rate (default 2e-4 for SFT, 1e-5 for GRPO, 5e-5 for DPO)")
+    p.add_argument("--epochs", type=int, help="passes over the data (default 3 for SFT and DPO, 1 for GRPO)")
     p.add_argument("--batch-size", type=int, help="rows per optimizer step (default 1)")
     p.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int,
                    help="batches accumulated per optimizer step (default 1)")
@@ -142,11 +158,15 @@ def read_jsonl(path: Path) -> list[Any]:
 
 
 def build_body(args, inline_key: str) -> dict[str, Any]:
-    sources = [s for s in (args.file, args.dataset, args.server_path) if s is not None]
+    judgments = getattr(args, "judgments", None)
+    sources = [s for s in (args.file, args.dataset, args.server_path, judgments) if s is not None]
     if len(sources) != 1:
-        raise ServerError(0, "give exactly one of FILE, --dataset or --server-path")
+        raise ServerError(0, "give exactly one of FILE, --dataset or --server-path"
+                          + (" or --judgments" if hasattr(args, "judgments") else ""))
     body: dict[str, Any] = {}
-    if args.file is not None:
+    if judgments is not None:
+        body["judgments"] = judgments
+    elif args.file is not None:
         body[inline_key] = read_jsonl(args.file)
     elif args.dataset is not None:
         body["dataset"] = args.dataset
@@ -159,7 +179,8 @@ def build_body(args, inline_key: str) -> dict[str, Any]:
         config["target_modules"] = [m.strip() for m in args.target_modules.split(",") if m.strip()]
     if args.no_auto_load:
         config["auto_load"] = False
-    for key in ("kl_coeff", "clip_epsilon", "kl_estimator"):
+    for key in ("kl_coeff", "clip_epsilon", "kl_estimator", "beta", "loss_type", "heldout_percent",
+                "min_heldout_win_rate"):
         if getattr(args, key, None) is not None:
             config[key] = getattr(args, key)
     body["config"] = config
@@ -208,6 +229,10 @@ def _submit_sft(client: ServerClient, args) -> int:
 
 def _submit_grpo(client: ServerClient, args) -> int:
     return _submit(client, args, "/v1/train/grpo", build_body(args, "groups"))
+
+
+def _submit_dpo(client: ServerClient, args) -> int:
+    return _submit(client, args, "/v1/train/dpo", build_body(args, "pairs"))
 
 
 def _submit(client: ServerClient, args, path: str, body: dict[str, Any]) -> int:

@@ -148,6 +148,11 @@ def report(status: dict[str, Any], *, as_json: bool, client: ServerClient, requi
     if status.get("activated"):
         line += " (now the server default)"
     print(line)
+    held = status.get("held_out")
+    if held:  # DPO: the held-out pairs, the new adapter against the one the job started from
+        print(f"held-out pairs ({held['pairs']}): preference accuracy {held['preference_accuracy_before']:.3f} -> "
+              f"{held['preference_accuracy_after']:.3f}, mean log-prob margin {held['mean_logprob_margin_before']:.3f} "
+              f"-> {held['mean_logprob_margin_after']:.3f}, win rate against the start {held['win_rate_vs_start']:.3f}")
     for key in ("error", "activation_error"):
         if status.get(key):
             print(f"{key.replace('_', ' ')}: {status[key]}", file=sys.stderr)

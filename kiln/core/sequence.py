@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from kiln.core.sampling import SamplingParams
 
@@ -31,6 +32,8 @@ class Sequence:
     lora_slot: int = 0     # row of the model's LoRA bank this sequence reads (0 = base)
     arrival_time: float = field(default_factory=time.monotonic)
     finish_reason: str | None = None
+    # the engine's output-grammar state of this choice (kiln.engine.grammar.GrammarState), None = free text
+    grammar: Any = None
 
     @property
     def all_token_ids(self) -> list[int]:

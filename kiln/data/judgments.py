@@ -18,6 +18,7 @@ from typing import Any
 from kiln.data.datasets import DatasetStore, check_dataset_name
 from kiln.data.judgment_compile import CompilePlan, plan_compile
 from kiln.data.judgment_rows import JudgmentRow, judgment_invalid, row_from_body
+from kiln.data.preferences import EXPORT_FORMATS, JudgmentPairs, export_rows, pairs_from_judgments
 from kiln.errors import KilnError
 from kiln.store import dirswap
 from kiln.store.atomic import append_jsonl, atomic_write_bytes, atomic_write_json, ensure_root, read_jsonl
@@ -113,6 +114,22 @@ class JudgmentStore:
         check_judgment_name(name)
         with self._lock(name, shared=True):
             return [r.to_json() for r in self._rows(self._existing(name))]
+
+    def preference_pairs(self, name: str) -> JudgmentPairs:
+        """The set's A/B rows as preference pairs (ties and skips counted): what DPO trains on."""
+        check_judgment_name(name)
+        with self._lock(name, shared=True):
+            return pairs_from_judgments(name, self._rows(self._existing(name)))
+
+    def export(self, name: str, fmt: str) -> tuple[bytes, JudgmentPairs]:
+        """Preference JSONL of the set's A/B rows in TRL's or OpenAI's DPO format, and the pairs."""
+        if fmt not in EXPORT_FORMATS:
+            raise judgment_invalid(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}", param="format",
+                                   hint="trl: {prompt, chosen, rejected} (conversational); openai: {input, "
+                                        "preferred_output, non_preferred_output}.")
+        found = self.preference_pairs(name)
+        lines = [json.dumps(row, ensure_ascii=False) + "\n" for row in export_rows(found.pairs, fmt)]
+        return "".join(lines).encode("utf-8"), found
 
     def list(self) -> list[dict[str, Any]]:
         if not self.root.is_dir():

@@ -7,6 +7,10 @@ actor drains its inbox, so new requests join a running batch at the next step an
 (a client that went away) free their blocks at once. Prompt scoring (/v1/completions) also runs on
 the actor, between steps, since only the actor may touch the model.
 
+A choice under an output grammar (kiln.engine.grammar) advances its matcher with every token it keeps;
+the matcher failing fails that choice alone (finish_reason "error"), and a completed grammar ends the
+choice with "stop" at once (nothing but EOS could follow).
+
 The actor times every request (kiln.engine.timing): inbox wait, admission, the steps that carried
 its prompt and its decodes, pacing sleeps, and per token when it was ready and handed off.
 """
@@ -31,6 +35,7 @@ from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
 from kiln.core.stop import StopMatcher
 from kiln.engine.detokenizer import IncrementalDetokenizer
+from kiln.engine.grammar import CompiledGrammar
 from kiln.engine.lora_slots import AdapterTarget, LoraSlots
 from kiln.engine.outbox import Outbox, sink_emit
 from kiln.engine.runner import ModelRunner
@@ -90,6 +95,8 @@ class _Submit:
     budgets: list[ThinkingBudgetController | None] | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     adapter: AdapterTarget | None = None
+    grammar: CompiledGrammar | None = None
+    grammar_gate: list[int] | None = None   # token ids after which the grammar starts (a reasoning close)
 
 
 @dataclass
@@ -176,10 +183,12 @@ class EngineActor:
 
     def submit_many(self, requests: list[tuple[str, list[int], list[SamplingParams], Callable[[ChoiceEvent], None],
                                                list[ThinkingBudgetController | None] | None,
-                                               AdapterTarget | None]]) -> None:
+                                               AdapterTarget | None, CompiledGrammar | None, list[int] | None]]
+                    ) -> None:
         """Submit several requests as one inbox message: they join the batch at the same step."""
         now = time.perf_counter()
-        self._inbox.put(_SubmitMany([_Submit(*r[:5], submitted_at=now, adapter=r[5]) for r in requests]))
+        self._inbox.put(_SubmitMany([_Submit(*r[:5], submitted_at=now, adapter=r[5], grammar=r[6], grammar_gate=r[7])
+                                     for r in requests]))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -259,6 +268,8 @@ class EngineActor:
         for index, params in enumerate(msg.params):
             seq = Sequence(next(self._seq_ids), list(msg.prompt_ids), params)
             seq.wait_for = first  # later choices reuse the first choice's prompt blocks
+            if msg.grammar is not None:
+                seq.grammar = msg.grammar.start(msg.grammar_gate)
             if msg.adapter is not None:
                 # Bound here, between steps: the revision stays pinned until this sequence ends.
                 seq.lora_slot, seq.adapter_slot = self.lora_slots.acquire(msg.adapter)
@@ -309,6 +320,8 @@ class EngineActor:
                 decided = choice.budget.step(choice.seq.output_token_ids, res.token_id)
                 if decided.forced:
                     res.token_id, res.logprob, res.forced = decided.token_id, None, True
+            if choice is not None and choice.seq.grammar is not None:
+                choice.seq.grammar.advance(res.token_id)
         self.scheduler.on_step_done(out, {sid: r.token_id for sid, r in results.items()})
         now = time.perf_counter()
         self.steps += 1
@@ -320,6 +333,9 @@ class EngineActor:
                 if choice.last_token_at is not None:
                     gaps.append(now - choice.last_token_at)
                 choice.last_token_at = now
+                if choice.seq.grammar is not None and choice.seq.grammar.error is not None:
+                    self._fail_choice(choice, choice.seq.grammar.error, timing)
+                    continue
                 self._on_token(choice, res.token_id, res.logprob, now, res.forced, timing)
         self.decode_stats.record_step(now, gaps)
 
@@ -352,6 +368,13 @@ class EngineActor:
         if not params.ignore_eos and token in params.stop_token_ids:
             finish = "stop"
             text = choice.stop.feed(choice.detok.flush())[0] + choice.stop.flush()
+        elif seq.grammar is not None and seq.grammar.done:
+            # the grammar is complete: the only token it allows next is EOS, so the choice ends here
+            text, stopped = choice.stop.feed(choice.detok.step(token))
+            if not stopped:
+                tail, stopped = choice.stop.feed(choice.detok.flush())
+                text += tail if stopped else tail + choice.stop.flush()
+            finish = "stop"
         else:
             text, stopped = choice.stop.feed(choice.detok.step(token))
             if stopped:
@@ -386,6 +409,14 @@ class EngineActor:
         if all(c.seq.seq_id not in self._choices for c in siblings):
             self._by_request.pop(choice.request_id, None)
 
+    def _fail_choice(self, choice: _Choice, message: str, step: StepTiming | None = None) -> None:
+        """One choice ends in error (its grammar failed); its batch-mates go on."""
+        log.warning("request %s choice %d failed: %s", choice.request_id, choice.index, message)
+        self.runner.grammar_counters.failures += 1
+        self._finish(choice, "error")
+        self._outbox.post(choice.emit, ChoiceEvent(choice.index, "", [], [], "error", error=message, step=step,
+                                                   stats=choice.stats.snapshot()))
+
     def _fail_all(self, message: str) -> None:
         self._outbox.flush()   # what was sampled before the failure comes first
         for choice in list(self._choices.values()):
@@ -401,6 +432,8 @@ class GenerationRequest:
     budgets: list[ThinkingBudgetController | None] | None = None
     request_id: str | None = None
     adapter: AdapterTarget | None = None
+    grammar: CompiledGrammar | None = None
+    grammar_gate: list[int] | None = None
 
 
 class ActorBridge:
@@ -427,7 +460,8 @@ class ActorBridge:
         def emitter(i: int) -> Callable[[ChoiceEvent], None]:
             return sink_emit(loop, lambda ev: events.put_nowait((i, ev)))
 
-        self.actor.submit_many([(rid, r.prompt_ids, r.params, emitter(i), r.budgets, r.adapter)
+        self.actor.submit_many([(rid, r.prompt_ids, r.params, emitter(i), r.budgets, r.adapter, r.grammar,
+                                 r.grammar_gate)
                                 for i, (rid, r) in enumerate(zip(rids, requests, strict=True))])
         try:
             while pending:

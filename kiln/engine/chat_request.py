@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.config import ServerSettings
 from kiln.core.budget_controller import ThinkingBudgetController
+from kiln.core.output_grammar import OutputGrammar, output_grammar
 from kiln.core.sampling import SamplingParams, resolve_sampling, validate_sampling
 from kiln.core.thinking_budget import (
     EffectiveBudget,
@@ -31,8 +32,10 @@ from kiln.core.thinking_budget import (
     resolve_budget,
 )
 from kiln.core.thinking_mode import detect_thinking_mode, effective_template_kwargs, thinking_source
-from kiln.core.tool_calls import tool_parsing_enabled
+from kiln.core.tool_calls import TAG_CLOSE, tool_parsing_enabled
+from kiln.core.tool_grammar import tool_grammar
 from kiln.engine.actor import GenerationRequest
+from kiln.engine.grammar import CompiledGrammar, GrammarRefusal, gbnf_to_lark
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.model_selection import ModelSelection, select_model
 from kiln.engine.provenance import MAX_STOP_BYTES, MAX_STOPS, MAX_TEMPLATE_KWARGS, PolicyIdentity
@@ -73,6 +76,10 @@ class ChatInput:
     messages: list[dict[str, Any]]
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # the output-constraint fields that were sent (response_format, structured_outputs, guided_*,
+    # json_schema, grammar): kiln.core.output_grammar reads them
+    output_fields: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     sampling_preset: str | None = None
     stop: list[str] = field(default_factory=list)       # as sent, empty strings included
@@ -172,6 +179,52 @@ def resolve_params(engine: Engine, inp: ChatInput, settings: ServerSettings) -> 
     return params
 
 
+def resolve_grammar(engine: Engine, inp: ChatInput) -> CompiledGrammar | None:
+    """The chat or batch request's output grammar, compiled (kiln.engine.grammar), or None for free text."""
+    return compile_output_grammar(engine, inp.output_fields, tools=inp.tools, tool_choice=inp.tool_choice,
+                                  parallel_tool_calls=inp.parallel_tool_calls, stops=inp.user_stops,
+                                  code=inp.code, prefix=inp.prefix)
+
+
+def compile_output_grammar(engine: Engine, fields: dict[str, Any], *, tools: list[Any] | None = None,
+                           tool_choice: Any = None, parallel_tool_calls: bool | None = None,
+                           stops: list[str] | None = None, code: str, prefix: str = "") -> CompiledGrammar | None:
+    """One grammar per request: response_format-like fields and a forcing tool_choice cannot both
+    constrain it, and stop strings cannot cut a constrained output (the grammar decides where it ends).
+    Every request with a grammar counts by kind, every refusal by reason (/metrics)."""
+    counters = engine.grammars.counters
+    try:
+        spec = output_grammar(fields, code=code, gbnf_to_lark=gbnf_to_lark)
+        forced = tool_grammar(tools, tool_choice, parallel_tool_calls, code=code, tag_ids=engine.tool_tag_ids)
+        if spec is not None and forced is not None and forced.kind == "tool_call":
+            raise KilnError(400, code, f"{prefix}{spec.param} and tool_choice both constrain the output; "
+                            "give one", param=spec.param,
+                            hint='Drop response_format, or use tool_choice "auto" / "none".')
+        chosen: OutputGrammar | None = spec or forced
+        if chosen is None:
+            return None
+        if stops:
+            raise KilnError(400, code, f"{prefix}stop strings cannot be combined with {chosen.param}: "
+                            "the output grammar decides where the output ends", param="stop",
+                            hint="Drop stop, or express the end in the grammar.")
+        compiled = engine.grammars.compile(chosen, code=code)
+    except GrammarRefusal as e:
+        counters.refusals[e.reason] += 1
+        raise
+    except KilnError:
+        counters.refusals["invalid_field"] += 1
+        raise
+    counters.requests[chosen.kind] += 1
+    return compiled
+
+
+def _grammar_params(params: SamplingParams, grammar: CompiledGrammar | None) -> None:
+    """A forced tool call's grammar ends the output itself (after one or several calls): the stop on the
+    closing tag, which would cut a parallel second call, goes."""
+    if grammar is not None and grammar.spec.kind == "tool_call":
+        params.stop = [s for s in params.stop if s != TAG_CLOSE]
+
+
 def clamp_to_context(engine: Engine, prompt_len: int, max_tokens: int, *, param: str = "messages") -> int:
     """§4.5: a prompt at or past the context ceiling is a 400; otherwise max_tokens fits the room left."""
     ceiling = engine.info.max_model_len
@@ -226,13 +279,16 @@ class PreparedChat:
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
     client_request_id: str | None = None   # the client's X-Request-Id (kiln.engine.records)
+    grammar: CompiledGrammar | None = None
+    grammar_gate: list[int] | None = None   # a thinking prompt's grammar starts after these ids
 
     def controllers(self) -> list[ThinkingBudgetController | None] | None:
         return budget_controllers(self.close_ids, self.budget, self.params) if self.budget_applies else None
 
     def work(self) -> GenerationRequest:
         """What the engine runs: prompt ids, one SamplingParams per choice, controllers, adapter."""
-        return GenerationRequest(self.prompt_ids, self.params, self.controllers(), self.id, self.adapter)
+        return GenerationRequest(self.prompt_ids, self.params, self.controllers(), self.id, self.adapter,
+                                 self.grammar, self.grammar_gate)
 
     def budget_record(self, outcome: dict[str, Any] | None) -> dict[str, Any]:
         return budget_record(self.budget, applied=self.budget_applies, outcome=outcome)
@@ -260,11 +316,13 @@ def prepare_chat(engine: Engine, inp: ChatInput, settings: ServerSettings, *, st
         target = resolve_adapter(engine, inp.adapter, prefix=inp.prefix)
     kwargs = effective_template_kwargs(inp.chat_template_kwargs,
                                        default_thinking_enabled=settings.default_thinking_enabled)
+    grammar = resolve_grammar(engine, inp)   # a field the grammar cannot use is a 400 before any rendering
     t0 = now()
     rendered = render_prompt(engine, inp.messages, inp.tools, kwargs, prefix=inp.prefix)
     timeline.tokenization_ms = (now() - t0) * 1000.0
     params = resolve_params(engine, inp, settings)
     params.max_tokens = clamp_to_context(engine, len(rendered.prompt_ids), params.max_tokens)
+    _grammar_params(params, grammar)
     budget = _resolved_budget(inp, settings)
     close_ids = engine.close_think_ids
     budget_applies = check_budget_request(budget, thinking_enabled=rendered.thinking_enabled,
@@ -280,7 +338,8 @@ def prepare_chat(engine: Engine, inp: ChatInput, settings: ServerSettings, *, st
         template_kwargs=kwargs, timeline=timeline,
         include_performance=_flag(inp.include_performance, settings.chat_performance_metadata),
         include_config_hashes=_flag(inp.include_config_hashes, settings.chat_config_hash_metadata),
-        policy=policy, adapter=target,
+        policy=policy, adapter=target, grammar=grammar,
+        grammar_gate=engine.close_think_ids if grammar is not None and rendered.thinking_enabled else None,
     )
     if request_id is not None:
         prep.id = request_id
@@ -342,6 +401,7 @@ class PreparedBatch:
     fold: bool
     model_id: str
     adapter: AdapterTarget | None = None
+    grammar: CompiledGrammar | None = None
     started_at: float = field(default_factory=now)
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "batchcmpl-" + uuid.uuid4().hex)
@@ -355,7 +415,9 @@ class PreparedBatch:
         """One engine request per runnable prompt, in prompt order, submitted together."""
         return [GenerationRequest(pl.prompt_ids, pl.params,
                                   budget_controllers(self.close_ids, self.budget, pl.params)
-                                  if pl.budget_applies else None, adapter=self.adapter)
+                                  if pl.budget_applies else None, adapter=self.adapter, grammar=self.grammar,
+                                  grammar_gate=self.close_ids if self.grammar is not None and pl.thinking_enabled
+                                  else None)
                 for pl in self.runnable]
 
 
@@ -365,6 +427,8 @@ def prepare_batch(engine: Engine, inp: ChatInput, prompts: list[list[dict[str, A
     Completion (p, c) samples with seed + p*n + c."""
     target = resolve_adapter(engine, inp.adapter, prefix=inp.prefix)
     params = resolve_params(engine, inp, settings)
+    grammar = resolve_grammar(engine, inp)
+    _grammar_params(params, grammar)
     budget = _resolved_budget(inp, settings)
     kwargs = effective_template_kwargs(inp.chat_template_kwargs,
                                        default_thinking_enabled=settings.default_thinking_enabled)
@@ -378,7 +442,7 @@ def prepare_batch(engine: Engine, inp: ChatInput, prompts: list[list[dict[str, A
             pl.params = engine.choice_params(base, n)
     batch = PreparedBatch(inp, plans, budget, engine.close_think_ids, tool_parsing_enabled(inp.tools, inp.tool_choice),
                           settings.fold_reasoning_into_content, select_request_model(engine, inp.adapter).model_id,
-                          target)
+                          target, grammar)
     if started is not None:
         batch.started_at = started
     return batch

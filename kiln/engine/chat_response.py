@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -169,9 +169,10 @@ def _finishing(engine: Engine, record: Callable[[str, str | None], FinishedCompl
         engine.finish_completion(record(status, error))
 
 
-async def complete_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None) -> dict[str, Any]:
-    """A `chat.completion` body."""
-    outs: list[ChoiceOutput] = []
+async def complete_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None,
+                        outputs: list[ChoiceOutput] | None = None) -> dict[str, Any]:
+    """A `chat.completion` body; `outputs`, when given, receives what the engine said per choice."""
+    outs: list[ChoiceOutput] = outputs if outputs is not None else []
     with _finishing(engine, lambda status, error: _chat_finished(prep, status, outs, [o.finish_reason for o in outs],
                                                                  error=error)):
         outs += await collect(engine, prep, admission=admission)
@@ -256,16 +257,18 @@ def _delta(prep: PreparedChat, **delta: Any) -> dict[str, str]:
     return {"data": _chunk(prep, [{"index": 0, "delta": delta}])}
 
 
-async def stream_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None
+async def stream_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None,
+                      before_finish: Callable[[ChoiceOutput], Awaitable[list[str]]] | None = None
                       ) -> AsyncIterator[dict[str, str]]:
     """SSE events (`{"data": ...}`) of a streamed chat completion, ending in `[DONE]`; a failure after
-    the first byte becomes an error event (a stream has no status code left to change)."""
+    the first byte becomes an error event (a stream has no status code left to change). `before_finish`
+    may add chunk bodies (the /compat route's logprobs) between the last content and the finish chunk."""
     engine.start_completion()
     out = ChoiceOutput()
     finishes: list[str] = []
     status, error = "error", None
     try:
-        async for item in _stream_events(engine, prep, out, finishes, admission):
+        async for item in _stream_events(engine, prep, out, finishes, admission, before_finish):
             yield item
         status = "ok"
     except KilnError as e:
@@ -285,7 +288,9 @@ async def stream_chat(engine: Engine, prep: PreparedChat, admission: Admission |
 
 
 async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, finishes: list[str],
-                         admission: Admission | None = None) -> AsyncIterator[dict[str, str]]:
+                         admission: Admission | None = None,
+                         before_finish: Callable[[ChoiceOutput], Awaitable[list[str]]] | None = None
+                         ) -> AsyncIterator[dict[str, str]]:
     inp = prep.inp
     # per-token timing events only when the request itself asks (semantics.md §4.8)
     timing = inp.include_performance is True
@@ -340,6 +345,9 @@ async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, 
     metadata: dict[str, Any] = {"thinking_budget": prep.budget_record(out.outcome)}
     if timing:
         metadata["performance"] = _performance(prep, len(out.token_ids), finish)
+    if before_finish is not None:
+        for body in await before_finish(out):
+            yield {"data": body}
     yield {"data": _chunk(prep, [{"index": 0, "delta": {}, "finish_reason": finish}], metadata=metadata)}
     if inp.include_usage:
         yield {"data": _chunk(prep, [], usage=usage(len(prep.prompt_ids), len(out.token_ids)))}

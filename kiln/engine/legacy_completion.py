@@ -21,6 +21,7 @@ from typing import Any
 
 from kiln.core.sampling import SamplingParams
 from kiln.engine.actor import GenerationRequest
+from kiln.engine.grammar import CompiledGrammar
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.scoring import prompt_logprob_entries
 from kiln.engine.serving import Admission
@@ -49,6 +50,7 @@ class LegacyPlan:
     echo: bool
     logprobs: int | None
     adapter: AdapterTarget | None = None
+    grammar: CompiledGrammar | None = None   # the output grammar every choice is held to
     request_id: str = field(default_factory=lambda: "cmpl-" + uuid.uuid4().hex)
     first_token_at: float | None = None   # perf_counter when the first generated token arrived
 
@@ -100,7 +102,8 @@ async def _generate(engine: Any, plan: LegacyPlan, admission: Admission | None) 
         base = SamplingParams(**{**plan.params.__dict__, "max_tokens": plan.max_tokens[i],
                                  "stop": list(plan.params.stop)})
         requests.append(GenerationRequest(prompt.ids, engine.choice_params(base, plan.n),
-                                          request_id=f"{plan.request_id}-{i}", adapter=plan.adapter))
+                                          request_id=f"{plan.request_id}-{i}", adapter=plan.adapter,
+                                          grammar=plan.grammar))
         index.append(i)
     if not requests:
         return outs

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.core.sampling import resolve_sampling, validate_sampling
+from kiln.engine.chat_request import compile_output_grammar
 from kiln.engine.legacy_completion import LegacyPlan, LegacyPrompt
 from kiln.engine.model_selection import select_model
 from kiln.errors import KilnError
@@ -46,6 +47,7 @@ def prepare_legacy(engine: Any, req: Any, adapter_store: Any, eval_mode: bool) -
     validate_sampling(params, code=CODE)
     params.stop = req.stop_list()
     params.ignore_eos = req.ignore_eos
+    grammar = compile_output_grammar(engine, req.output_fields(), stops=params.stop, code=CODE, prefix=PREFIX)
     ceiling = engine.info.max_model_len
     wanted = 16 if req.max_tokens is None else req.max_tokens
     max_tokens = []
@@ -59,7 +61,8 @@ def prepare_legacy(engine: Any, req: Any, adapter_store: Any, eval_mode: bool) -
         if wants_logprobs and len(p.ids) + max_tokens[-1] > MAX_SCORED_TOKENS:
             raise _bad(f"prompt {i} plus its completion exceeds {MAX_SCORED_TOKENS} tokens, the most that "
                        "logprobs are computed over", "logprobs", "Send a shorter prompt or fewer max_tokens.")
-    return LegacyPlan(prompts, params, max_tokens, req.n, req.echo, req.logprobs, target), selection.model_id
+    return LegacyPlan(prompts, params, max_tokens, req.n, req.echo, req.logprobs, target,
+                      grammar=grammar), selection.model_id
 
 
 def _prompts(engine: Any, req: Any) -> list[LegacyPrompt]:

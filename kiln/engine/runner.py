@@ -1,5 +1,8 @@
 """ModelRunner: owns the model and the KV tensors, and turns one scheduled step into sampled tokens.
 
+Rows under an output grammar get their token masks computed in one llguidance call on a helper thread
+while the model runs (llguidance releases the GIL), then applied after the penalties (kiln.model.sampler).
+
 Each step is timed in three parts (model forward, sampling, host readback) for the latency
 diagnostics; on CUDA the parts are measured with events, so timing adds no synchronization.
 """
@@ -10,12 +13,14 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from kiln.core.scheduler import SchedulerOutput
 from kiln.core.sequence import Sequence
+from kiln.engine.grammar import GrammarCounters, MaskBuilder
 from kiln.engine.scoring import PromptScores, compute_prompt_scores
 from kiln.engine.timing import StepTiming
 from kiln.model.kv_cache import KVCache, build_attention_metadata
@@ -44,6 +49,9 @@ class ModelRunner:
         self.kv_cache = KVCache(model.config, num_blocks, block_size, kv_dtype, device)
         self.sampler = Sampler()
         self._generators: dict[int, torch.Generator] = {}
+        self.grammar_counters = GrammarCounters()
+        self._masks = MaskBuilder(model.config.vocab_size, self.grammar_counters)
+        self._mask_thread: ThreadPoolExecutor | None = None
 
     @property
     def backend(self) -> str:
@@ -115,6 +123,8 @@ class ModelRunner:
             if item.sample:
                 rows.append(offset - 1)
                 sampled_items.append(item)
+        seqs = [it.seq for it in sampled_items]
+        masks = self._start_masks(seqs)
         # the model computes past the last layer's K/V only the rows that sample, and their logits
         logits = self.model(ids_t, pos_t, attn, self.kv_cache, lora, launched=launched, out_rows=rows,
                             logits=bool(rows))
@@ -122,12 +132,16 @@ class ModelRunner:
             (forward_ms,) = clock.finish()
             return {}, StepTiming(forward_ms, 0.0, 0.0, had_prefill)
         clock.mark()
-        seqs = [it.seq for it in sampled_items]
+        token_masks = None
+        if masks is not None:
+            mask_rows, future = masks
+            token_masks = (mask_rows, future.result())
         tokens, logprobs = self.sampler(
             logits,
             [s.params for s in seqs],
             [s.output_token_ids for s in seqs],
             [self.generator_for(s) for s in seqs],
+            token_masks,
         )
         clock.mark()
         tokens_l = tokens.tolist()
@@ -135,6 +149,17 @@ class ModelRunner:
         forward_ms, sampling_ms, readback_ms = clock.finish()
         results = {s.seq_id: StepResult(t, lp) for s, t, lp in zip(seqs, tokens_l, logprobs_l, strict=True)}
         return results, StepTiming(forward_ms, sampling_ms, readback_ms, had_prefill)
+
+
+    def _start_masks(self, seqs: list[Sequence]) -> tuple[list[int], Future] | None:
+        """The constrained rows and their masks being computed beside the forward, or None."""
+        rows = [r for r, s in enumerate(seqs) if s.grammar is not None and s.grammar.wants_mask]
+        if not rows:
+            return None
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="kiln-grammar")
+        states = [seqs[r].grammar for r in rows]
+        return rows, self._mask_thread.submit(self._masks.fill, states)
 
 
 class _StepClock:

@@ -21,9 +21,11 @@ from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
 from kiln.core.prefill_pacer import auto_itl_target_ms
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
+from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN
 from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
 from kiln.engine.adapter_resolver import AdapterResolver
 from kiln.engine.chat_template import ChatTemplate
+from kiln.engine.grammar import GrammarCompiler
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.provenance import PolicyIdentity, ServingIdentity, serving_identity, tagged
 from kiln.engine.runner import ModelRunner
@@ -163,6 +165,7 @@ class Engine:
         self.actor = actor
         self.weights = weights
         self._bridge = ActorBridge(actor)
+        self._grammars: GrammarCompiler | None = None
         self.identity = identity
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
@@ -339,6 +342,20 @@ class Engine:
         return kernels.isa_report() if self.info.device.startswith("cpu") else None
 
     @property
+    def grammars(self) -> GrammarCompiler:
+        """Output grammars (response_format, structured_outputs, tool_choice) are compiled here (compile
+        counters) and matched on the actor (the runner counts masks and mid-generation failures)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.info.config.vocab_size)
+        return self._grammars
+
+    @property
+    def tool_tag_ids(self) -> tuple[int, int] | None:
+        """The ids of `<tool_call>` / `</tool_call>` where each is a token of its own (for tool grammars)."""
+        ids = [self.tokenizer.encode(tag, add_special_tokens=False) for tag in (TAG_OPEN, TAG_CLOSE)]
+        return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
+
+    @property
     def close_think_ids(self) -> list[int]:
         """The tokenizer's own encoding of `</think>` (one special token or several ordinary ones)."""
         return self.tokenizer.encode("</think>", add_special_tokens=False)
@@ -460,6 +477,8 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
              "context %d; weights %s", info.describe(), path, weights.format, info.dtype, device,
              f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
              info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
+    if weights.served:
+        log.info("weights served: %s", weights.served)
     if settings.model.quantization == "auto" and device.type == "cpu" and weights.format == "gguf":
         reason = auto_quantization_reason(info.quantization)
         if reason:

@@ -1,7 +1,7 @@
 """Turn a batch of logits into one token per row (semantics.md §4.3).
 
-Order: penalties over generated tokens, temperature, top_k, min_p, top_p; each filter renormalises
-what the previous one left. Greedy rows take the argmax of the penalised logits. Sampling rows draw
+Order: penalties over generated tokens, the output grammar's token mask (rows that have one), temperature,
+top_k, min_p, top_p; each filter renormalises what the previous one left. Greedy rows take the argmax of the penalised logits. Sampling rows draw
 from their own `torch.Generator`, so a seeded sequence is reproducible whatever else shares the batch.
 """
 
@@ -23,9 +23,14 @@ class Sampler:
         params: list[SamplingParams],
         output_ids: list[list[int]],
         generators: list[torch.Generator],
+        token_masks: tuple[list[int], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(token ids `[B]` int64, log-prob of each chosen token under its final distribution `[B]`)."""
+        """(token ids `[B]` int64, log-prob of each chosen token under its final distribution `[B]`).
+        `token_masks`: (rows, int32 bitmask `[len(rows), ceil(V / 32)]`) of the rows an output grammar
+        constrains; other rows are not touched."""
         logits = apply_penalties(logits.float(), params, output_ids)
+        if token_masks is not None and token_masks[0]:
+            logits = apply_token_masks(logits, *token_masks)
         if all(p.is_greedy for p in params):
             # the common serving case, without the row gathers and scatters of a mixed batch
             return _greedy(logits)
@@ -53,6 +58,23 @@ def _greedy(logits: Tensor) -> tuple[Tensor, Tensor]:
         return module.greedy_pick(logits)
     best = logits.argmax(dim=-1)
     return best, torch.log_softmax(logits, dim=-1).gather(1, best[:, None]).squeeze(1)
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_token_masks(logits: Tensor, rows: list[int], bitmask: Tensor) -> Tensor:
+    """Disallowed tokens of the given rows to -inf (bit i of word j allows token 32 j + i); in place
+    on these rows only, so every other row keeps its exact values."""
+    vocab = logits.shape[1]
+    bits = (bitmask[:, :, None] >> _BITS) & 1
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].to(device=logits.device, dtype=torch.bool)
+    if allowed.shape[1] < vocab:   # a model vocabulary wider than the tokenizer's: the rest is never allowed
+        pad = torch.zeros(allowed.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=logits.device)
+        allowed = torch.cat([allowed, pad], dim=1)
+    idx = torch.tensor(rows, device=logits.device)
+    logits[idx] = logits[idx].masked_fill(~allowed, -math.inf)
+    return logits
 
 
 def apply_penalties(logits: Tensor, params: list[SamplingParams], output_ids: list[list[int]]) -> Tensor:

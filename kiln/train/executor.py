@@ -1,5 +1,10 @@
 """Run one plan on the served model, in the calling (training) thread, and publish the adapter.
 
+Work that needs more than the loop says so: `prepare(model, lora, should_stop)` runs once before the
+first step, on the starting factors (DPO's reference log-probabilities), and `evaluate(model, lora)`
+once after the last, its result recorded as the job's `held_out` (DPO's held-out pairs); when
+`blocks_activation(held_out)` gives a reason, auto_load is skipped and the reason recorded.
+
 The base weights are the ones the serving actor uses -- no copy -- frozen (requires_grad False) and
 never written: only the LoRA factors get gradients. The actor keeps serving meanwhile; the loop
 yields at every step and, on CPU, leaves the actor a core of its own whenever it has work (`CoreShare`:
@@ -122,6 +127,10 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
                          device=param.device, seed=plan.lora.seed)
     if plan.lora.base_factors is not None:
         lora.load_factors(plan.lora.base_factors)
+    prepare = getattr(plan.work, "prepare", None)
+    if prepare is not None:
+        # DPO's frozen reference is the job's starting point: these factors before any step (also on resume).
+        prepare(model, lora, should_stop)
     resume = checkpointing.store.load_state(job.job_id) if checkpointing is not None else None
     if resume is not None:
         lora.load_state_dict(resume.factors)
@@ -165,6 +174,9 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
              on_checkpoint=save_checkpoint if checkpointing is not None else None,
              should_pause=checkpointing.should_pause if checkpointing is not None else None,
              before_step=share_cores)
+    evaluate = getattr(plan.work, "evaluate", None)
+    if evaluate is not None:
+        job.held_out = evaluate(model, lora)
     duration = time.perf_counter() - t0
     finished = utc_now_rfc3339()
     receipt = build_receipt(job, plan, ctx.engine, finished_at=finished, duration_secs=duration, base_dtype=base_dtype)
@@ -178,7 +190,10 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
     job.train_receipt["adapter_content_sha256"] = info.content_sha256
     job.progress = 1.0
     # With a post-training gate, activation waits for the gate's verdict (gate_actions.py).
-    if plan.auto_load and not plan.gated:
+    blocked = getattr(plan.work, "blocks_activation", lambda _: None)(job.held_out)
+    if plan.auto_load and not plan.gated and blocked is not None:
+        job.activated, job.activation_error = False, blocked
+    elif plan.auto_load and not plan.gated:
         activate(job, plan.adapter_name, ctx)
 
 

@@ -25,7 +25,7 @@ MAX_CURVE_POINTS = 2000
 @dataclass
 class TrainJob:
     job_id: str
-    job_type: str                      # sft | grpo
+    job_type: str                      # sft | grpo | dpo
     adapter_name: str
     config: dict[str, Any]             # the effective config (defaults filled in)
     training_data: dict[str, Any]      # provenance: source, dataset/split/path, rows, data_sha256
@@ -43,7 +43,7 @@ class TrainJob:
     tokens_trained: int = 0
     elapsed_secs: float = 0.0
     loss_curve: list[dict[str, Any]] = field(default_factory=list)   # [{step, loss, ...}], thinned when long
-    metrics: dict[str, float] = field(default_factory=dict)          # latest step's extra metrics (GRPO: kl, ...)
+    metrics: dict[str, float] = field(default_factory=dict)          # latest step's extra metrics (GRPO: kl; DPO: reward_margin, ...)
     error: str | None = None
     adapter_path: str | None = None
     train_receipt: dict[str, Any] | None = None
@@ -61,6 +61,7 @@ class TrainJob:
     checkpoint: dict[str, Any] | None = None      # the latest saved checkpoint: {step, saved_at}
     resumed_from_step: int | None = None          # the checkpoint step this run continued from
     resumes: int = 0                              # how many times the job was resumed
+    held_out: dict[str, Any] | None = None        # DPO: held-out pairs, the trained adapter against the start
 
     @property
     def terminal(self) -> bool:
@@ -101,6 +102,8 @@ class TrainJob:
             out["checkpoint"] = dict(self.checkpoint)
         if self.resumes:
             out["resumes"], out["resumed_from_step"] = self.resumes, self.resumed_from_step
+        if self.held_out is not None:
+            out["held_out"] = dict(self.held_out)
         return out
 
     def detail(self) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""The optimisation loop shared by SFT and GRPO: epochs of shuffled items, micro-batches with gradient
+"""The optimisation loop shared by SFT, GRPO and DPO: epochs of shuffled items, micro-batches with gradient
 accumulation, AdamW on the LoRA factors only, a cancel check and a yield at every step boundary.
 
 A step takes `batch_size * grad_accum` items, split into `grad_accum` micro-batches. Each micro-batch
-loss is already divided by the step's trained-token count, so the accumulated gradient is that of the
-token mean over the step. Between steps the thread sleeps briefly: the serving actor shares the CPU
+loss is already divided by the step's trained-token count (or, for work with a `weight` per item, the
+step's total weight: DPO's pairs), so the accumulated gradient is that of the step mean. Between
+steps the thread sleeps briefly: the serving actor shares the CPU
 (or GPU) and must keep answering while a job runs.
 
 Resumable: at a batch boundary the loop can hand out a `LoopState` (optimizer state, the shuffle
@@ -159,7 +160,10 @@ def _run_batch(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: L
                started: float, reports: list[StepReport], on_step: Callable[[StepReport], None] | None,
                should_stop: Callable[[], bool] | None) -> int:
     micro = [chosen[i : i + cfg.batch_size] for i in range(0, len(chosen), cfg.batch_size)]
-    normalizer = sum(work.tokens(it) for it in chosen)
+    tokens = sum(work.tokens(it) for it in chosen)
+    # What the step's loss is a mean over: trained tokens (SFT, GRPO), or the work's own weights (DPO: pairs).
+    weight = getattr(work, "weight", None)
+    normalizer = sum(weight(it) for it in chosen) if weight is not None else tokens
     memos: list[dict[str, Any]] = [{} for _ in micro]
     for _ in range(cfg.updates_per_step):
         if should_stop is not None and should_stop():
@@ -182,7 +186,7 @@ def _run_batch(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: L
         opt.step()
         step += 1
         dt = max(time.perf_counter() - t0, 1e-9)
-        report = StepReport(step, total, epoch, loss_sum, normalizer, normalizer / dt,
+        report = StepReport(step, total, epoch, loss_sum, tokens, tokens / dt,
                             time.perf_counter() - started, metrics)
         reports.append(report)
         if on_step is not None:

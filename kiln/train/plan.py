@@ -3,19 +3,23 @@ factors settled. Everything a client can get wrong fails here, at submission, as
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from kiln.adapters.peft_format import LoraModule, ModuleKey
+from kiln.data.judgment_rows import JudgmentRow
+from kiln.data.preferences import heldout_mask, pair_from_row, pairs_from_judgments
 from kiln.errors import KilnError
 from kiln.model.lora import MODULES
-from kiln.train.errors import invalid
+from kiln.train.dpo import DpoWork, prepare_dpo
+from kiln.train.errors import invalid, row_invalid
 from kiln.train.grpo import GrpoWork, prepare_grpo
 from kiln.train.loop import LoopConfig
 from kiln.train.post_eval import PostEvalPlan, plan_post_eval
-from kiln.train.requests import CommonConfig, GrpoRequest, SftRequest
+from kiln.train.requests import CommonConfig, DpoRequest, GrpoRequest, SftRequest
 from kiln.train.rewards import scorer_reward_fn
 from kiln.train.sft import SftWork, prepare_sft
 from kiln.train.sources import TrainingData, resolve_source
@@ -42,7 +46,7 @@ class TrainingPlan:
     overwrite: bool
     auto_load: bool
     webhook_url: str | None
-    work: SftWork | GrpoWork
+    work: SftWork | GrpoWork | DpoWork
     loop: LoopConfig
     lora: LoraStart
     data: TrainingData
@@ -90,7 +94,50 @@ def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suite
                  job_id=job_id)
 
 
-def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork, data: TrainingData, adapters: Any,
+def plan_dpo(req: DpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+             job_id: str | None = None, judgments: Any = None) -> TrainingPlan:
+    """Pairs from inline rows, a dataset or file of preference rows, or a judgment set's A/B rows (tie and
+    skip rows left out and counted); a deterministic share of the prompts held out for the job's result."""
+    cfg = req.config
+    data = resolve_source("dpo", req.pairs, req.dataset, req.dataset_split, req.dataset_path, datasets,
+                          judgments=req.judgments, judgment_rows=judgments.rows if judgments is not None else None)
+    stats: dict[str, Any] = {}
+    if data.source == "judgments":
+        found = pairs_from_judgments(data.judgments or "", [JudgmentRow.from_json(r) for r in data.rows])
+        pairs, labels = found.pairs, found.labels
+        stats.update(ties_left_out=found.ties, skips_left_out=found.skips)
+        if not pairs:
+            raise invalid(f"judgment set {data.judgments!r} has no A/B judgments ({found.ties} tie, {found.skips} "
+                          "skip): ties and skips carry no preference", param="judgments",
+                          hint="Judge some pairs A or B first, or send the pairs inline.")
+    else:
+        pairs, labels = [], []
+        for row, label in zip(data.rows, data.labels, strict=True):
+            pair, problem = pair_from_row(row)
+            if problem:
+                named = re.search(r"`(\w+)`", problem)  # the field the problem names first
+                raise row_invalid(label, problem, field=named.group(1) if named else None)
+            pairs.append(pair)
+            labels.append(label)
+    mask = heldout_mask(pairs, cfg.heldout_percent)
+    post_eval = plan_post_eval(req.post_eval, cfg, TrainingData([p.as_sft_row() for p in pairs], labels, data.source),
+                               suites, adapters)
+    prepared = prepare_dpo(pairs, labels, engine.template, engine.tokenizer, cfg.max_seq_len)
+    train = [p for p, held in zip(prepared, mask, strict=True) if not held]
+    heldout = [p for p, held in zip(prepared, mask, strict=True) if held]
+    stats.update(pairs=len(prepared), train_pairs=len(train), heldout_pairs=len(heldout),
+                 trained_tokens_per_epoch=sum(p.num_tokens for p in train),
+                 truncated=sum(p.chosen.truncated or p.rejected.truncated for p in prepared))
+    if cfg.min_heldout_win_rate is not None and not heldout:
+        raise invalid("config.min_heldout_win_rate needs held-out pairs, and this split holds none out "
+                      f"({len(prepared)} pairs, heldout_percent {cfg.heldout_percent})",
+                      param="config.min_heldout_win_rate",
+                      hint="Raise config.heldout_percent, add pairs with other prompts, or drop the gate.")
+    work = DpoWork(train, heldout, beta=cfg.beta, loss_type=cfg.loss_type, min_win_rate=cfg.min_heldout_win_rate)
+    return _plan("dpo", cfg, work, data, adapters, stats, post_eval=post_eval, job_id=job_id)
+
+
+def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork | DpoWork, data: TrainingData, adapters: Any,
           stats: dict[str, Any], *, updates_per_step: int = 1, post_eval: PostEvalPlan | None = None,
           job_id: str | None = None) -> TrainingPlan:
     job_id = job_id or new_job_id()

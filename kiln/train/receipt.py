@@ -16,7 +16,7 @@ def build_receipt(job: TrainJob, plan: TrainingPlan, engine: Any, *, finished_at
     identity = getattr(engine, "identity", None)
     info = getattr(engine, "info", None)
     curve = job.loss_curve
-    return {
+    receipt = {
         "schema": SCHEMA,
         "status": "completed",
         "job_id": job.job_id,
@@ -46,6 +46,9 @@ def build_receipt(job: TrainJob, plan: TrainingPlan, engine: Any, *, finished_at
         "duration_secs": round(duration_secs, 3),
         "kiln_version": __version__,
     }
+    if job.held_out is not None:
+        receipt["held_out"] = job.held_out
+    return receipt
 
 
 def build_lineage(plan: TrainingPlan, engine: Any, base_dtype: str) -> dict[str, Any]:

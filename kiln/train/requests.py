@@ -1,7 +1,8 @@
-"""Wire shapes of POST /v1/train/sft and /v1/train/grpo (semantics.md §12.1).
+"""Wire shapes of POST /v1/train/sft, /v1/train/grpo and /v1/train/dpo (semantics.md §12.1).
 
 Unknown keys are refused (a typo must not silently train with a default). Exactly one data source:
-inline rows, a named dataset (+ split, default "train"), or a server-local JSONL path.
+inline rows, a named dataset (+ split, default "train"), or a server-local JSONL path; DPO may name a
+judgment set instead (`judgments`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ class GrpoConfig(CommonConfig):
     updates_per_step: int = Field(1, ge=1, le=64)   # optimizer updates per batch (mu); >1 makes the clip bite
 
 
+class DpoConfig(CommonConfig):
+    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False)
+    beta: float = Field(0.1, gt=0, le=100, allow_inf_nan=False)   # strength of the pull toward the reference
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+    # Share of the prompts held out (all pairs of a prompt on one side) to measure the job against the
+    # starting adapter; 0 trains on every pair and reports no held-out figure.
+    heldout_percent: int = Field(10, ge=0, le=50)
+    # A gate on the held-out pairs: below this win rate against the starting adapter the new adapter is
+    # saved but not loaded (auto_load is skipped). None: no gate.
+    min_heldout_win_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+
+
 class PostEvalRequest(_Strict):
     """The post-training eval and its gate (semantics.md §8.14); checked further in post_eval.py."""
 
@@ -115,3 +128,13 @@ class GrpoRequest(_Sourced):
     @property
     def inline(self) -> list[Any] | None:
         return self.groups
+
+
+class DpoRequest(_Sourced):
+    pairs: list[Any] | None = None          # [{messages, chosen, rejected}] (also TRL's / OpenAI's row shapes)
+    judgments: str | None = None            # a judgment set: its A/B rows become pairs
+    config: DpoConfig = Field(default_factory=DpoConfig)
+
+    @property
+    def inline(self) -> list[Any] | None:
+        return self.pairs

@@ -13,13 +13,14 @@ from pydantic import ValidationError
 from kiln.errors import KilnError
 from kiln.train.jobs import TrainJob
 from kiln.train.manager import TrainingManager
-from kiln.train.plan import TrainingPlan, plan_grpo, plan_sft
-from kiln.train.requests import GrpoRequest, SftRequest
+from kiln.train.plan import TrainingPlan, plan_dpo, plan_grpo, plan_sft
+from kiln.train.requests import DpoRequest, GrpoRequest, SftRequest
 
 log = logging.getLogger("kiln.train")
 
 PLANNERS: dict[str, tuple[type, Callable[..., TrainingPlan]]] = {
-    "sft": (SftRequest, plan_sft), "grpo": (GrpoRequest, plan_grpo)}
+    "sft": (SftRequest, plan_sft), "grpo": (GrpoRequest, plan_grpo), "dpo": (DpoRequest, plan_dpo)}
+ITEMS = {"sft": "examples", "grpo": "groups", "dpo": "pairs"}
 
 
 async def submit_training(manager: TrainingManager, req: Any, planner: Callable[..., TrainingPlan], engine: Any,
@@ -32,7 +33,7 @@ async def submit_training(manager: TrainingManager, req: Any, planner: Callable[
     if plan.post_eval is not None and manager.eval_link is not None:
         manager.eval_link.bind_loop(asyncio.get_running_loop())  # where the eval manager runs
     job = await asyncio.to_thread(manager.submit, plan, request_body)
-    what = f"{len(plan.work.items)} {'examples' if plan.job_type == 'sft' else 'groups'}"
+    what = f"{len(plan.work.items)} {ITEMS[plan.job_type]}"
     # "queued" is the state at submission (§12.1); the worker may already have picked the job up.
     return {"job_id": job.job_id, "state": "queued", "adapter_name": job.adapter_name,
             "message": f"Queued {plan.job_type.upper()} job training adapter `{job.adapter_name}` "
@@ -40,9 +41,10 @@ async def submit_training(manager: TrainingManager, req: Any, planner: Callable[
 
 
 def resume_job(manager: TrainingManager, job_id: str, engine: Any, adapters: Any, datasets: Any,
-               suites: Any) -> TrainJob:
+               suites: Any, judgments: Any = None) -> TrainJob:
     """Plan an interrupted job again from its kept request (same job id, same output name) and queue it;
-    the executor continues from its latest checkpoint. Blocking: planning tokenizes."""
+    the executor continues from its latest checkpoint. Blocking: planning tokenizes. `judgments` (the
+    judgment store) is what a DPO job trained from a judgment set reads again."""
     job, job_type, body = manager.resume_request(job_id)
     model, planner = PLANNERS[job_type]
     try:
@@ -51,28 +53,29 @@ def resume_job(manager: TrainingManager, job_id: str, engine: Any, adapters: Any
         raise KilnError(409, "training_job_not_resumable", f"the kept request of job {job_id} no longer validates: "
                         f"{e.errors()[0].get('msg') if e.errors() else e}", param="job_id",
                         hint="Submit the job again.") from None
-    plan = planner(req, engine, adapters, datasets, suites, job_id=job.job_id)
+    extra = {"judgments": judgments} if job_type == "dpo" else {}
+    plan = planner(req, engine, adapters, datasets, suites, job_id=job.job_id, **extra)
     return manager.resume(plan)
 
 
 async def resume_training(manager: TrainingManager, job_id: str, engine: Any, adapters: Any, datasets: Any,
-                          suites: Any) -> dict[str, Any]:
+                          suites: Any, judgments: Any = None) -> dict[str, Any]:
     """POST /v1/train/jobs/{id}/resume."""
     if manager.eval_link is not None:
         manager.eval_link.bind_loop(asyncio.get_running_loop())
-    job = await asyncio.to_thread(resume_job, manager, job_id, engine, adapters, datasets, suites)
+    job = await asyncio.to_thread(resume_job, manager, job_id, engine, adapters, datasets, suites, judgments)
     step = (job.checkpoint or {}).get("step", 0)
     return {"job_id": job.job_id, "state": "queued", "adapter_name": job.adapter_name, "resume_from_step": step,
             "message": f"Resuming {job.job_type.upper()} job {job.job_id} from step {step} of {job.total_steps}"}
 
 
 def resume_interrupted(manager: TrainingManager, engine: Any, adapters: Any, datasets: Any,
-                       suites: Any) -> list[str]:
+                       suites: Any, judgments: Any = None) -> list[str]:
     """[training] auto_resume at start: resume every interrupted job; returns the ids resumed."""
     resumed = []
     for job in manager.interrupted_jobs():
         try:
-            resume_job(manager, job.job_id, engine, adapters, datasets, suites)
+            resume_job(manager, job.job_id, engine, adapters, datasets, suites, judgments)
             resumed.append(job.job_id)
         except KilnError as e:
             log.warning("training job %s not resumed at start: %s", job.job_id, e.message)

@@ -1,9 +1,10 @@
 // Data: datasets (upload, split summary, rows, delete) and judgment sets (winner histogram, rows,
-// compile into SFT data, validate a judge adapter on the held-out rows, delete).
+// compile into SFT data, validate a judge adapter on the held-out rows, train a preference adapter (DPO)
+// from the A/B rows, export them as TRL or OpenAI preference JSONL, delete).
 
 import { ApiError, del, get, post, q, request } from "./api.js";
 import { countBars, stackBar } from "./charts.js";
-import { act, badge, card, clear, details, errorBox, field, fmtBytes, fmtTime, h, input, json, select, shortHash, table, toast } from "./dom.js";
+import { act, badge, card, clear, details, errorBox, field, fmtBytes, fmtTime, h, input, json, saveBlob, select, shortHash, table, toast } from "./dom.js";
 
 const SPLIT_COLORS = { train: "#2f6fde", validation: "#b08900", holdout: "#1f9d55" };
 const WINNER_COLORS = { a: "#2f6fde", b: "#e0662d", tie: "#9b4dca", skip: "#8a94a0" };
@@ -145,7 +146,21 @@ export async function render(root, ctx) {
         clear(validateOut, h("div", { class: "ok-note" }, "✓ queued ", h("a", { href: `#/evals?job=${q(r.eval_job_id)}` }, r.eval_job_id),
           ` (suite ${r.validation_suite})`), (r.warnings || []).map((w) => h("div", { class: "error-hint" }, w)));
       });
+      const abRows = (hist.a || 0) + (hist.b || 0);
+      const exportOut = h("div");
+      const exporter = (fmt) => h("button", { class: "small", id: `export-${fmt}`, onclick: (e) => act(e.currentTarget, exportOut, async () => {
+        const resp = await request("GET", `/v1/judgments/${q(name)}/export?format=${fmt}`, { raw: true });
+        saveBlob(await resp.blob(), `${name}.${fmt}.jsonl`);
+      }) }, fmt === "trl" ? "TRL JSONL" : "OpenAI JSONL");
+      const trainDpo = h("button", { class: "primary", id: "dpo-from-judgments", disabled: abRows === 0,
+        onclick: () => ctx.go(`#/training?dpo=${q(name)}`) }, "Train a preference adapter from these");
+      const preferences = h("div", { id: "judgment-preferences" }, h("h3", {}, "Learn from these preferences"),
+        h("p", { class: "muted small" }, abRows
+          ? `${abRows} A/B judgment${abRows === 1 ? "" : "s"} become DPO pairs (the winner's reply chosen, the other rejected); ties and skips are left out.`
+          : "Only A/B judgments carry a preference; this set has none yet."),
+        h("div", { class: "row wrap" }, trainDpo, h("span", { class: "muted small" }, "export:"), exporter("trl"), exporter("openai")), exportOut);
       clear(out,
+        preferences,
         h("div", { class: "cols" },
           h("div", {}, h("h3", {}, "Winners"), countBars(["a", "b", "tie", "skip"].map((k) => ({ label: k, value: hist[k] || 0, color: WINNER_COLORS[k] })), { id: "winner-histogram" }),
             h("p", { class: "muted small" }, `${m.num_rows} row${m.num_rows === 1 ? "" : "s"}${m.last_compiled_at ? ` · last compiled ${fmtTime(m.last_compiled_at)} (${m.last_compiled_split} rows)` : ""}`)),

@@ -29,12 +29,13 @@ function answerView(title) {
   const reasoningBox = h("details", { class: "reasoning", hidden: true, open: true }, h("summary", {}, "Reasoning"), reasoning);
   const content = h("div", { class: "content" });
   const tools = h("div", { class: "tool-calls" });
+  const parsed = h("div", { class: "parsed-value" });
   const meta = h("div", { class: "answer-meta" });
   const actions = h("div", { class: "answer-actions" });
   const error = h("div");
   const el = h("div", { class: "msg assistant" }, title ? h("div", { class: "msg-title" }, title) : null,
-    reasoningBox, content, tools, error, meta, actions);
-  return { el, reasoning, reasoningBox, content, tools, meta, actions, error };
+    reasoningBox, content, tools, parsed, error, meta, actions);
+  return { el, reasoning, reasoningBox, content, tools, parsed, meta, actions, error };
 }
 
 function mergeToolCalls(into, deltas) {
@@ -101,6 +102,14 @@ async function runStream(body, view, signal) {
     outcomeText(out.metadata?.thinking_budget)].filter(Boolean);
   clear(view.meta, bits.join(" · "));
   if (!out.content && !out.toolCalls.length && !view.error.childNodes.length) view.content.append(h("span", { class: "muted" }, "(no content)"));
+  if (body.response_format && out.content) {
+    // the server held the answer to the schema: show the value it parses to
+    let shown;
+    try { shown = h("pre", {}, JSON.stringify(JSON.parse(out.content), null, 2)); } catch {
+      shown = h("span", { class: "muted" }, `not complete JSON (finish: ${out.finish})`);
+    }
+    clear(view.parsed, h("div", { class: "msg-title" }, "parsed value"), shown);
+  }
   view.el.dataset.done = "true";
   return out;
 }
@@ -119,6 +128,7 @@ function controls() {
     thinking: select([["", "template default"], ["on", "on"], ["off", "off"]], { id: "pg-thinking" }),
     budgetTokens: input({ id: "pg-budget-tokens", type: "number", min: "0", placeholder: "default" }),
     budgetMs: input({ id: "pg-budget-ms", type: "number", min: "0", placeholder: "default" }),
+    schema: h("textarea", { id: "pg-schema", rows: 4, placeholder: '{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]}' }),
     tools: h("textarea", { id: "pg-tools", rows: 4, placeholder: '[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]' }),
   };
   el.body = () => {
@@ -139,6 +149,13 @@ function controls() {
         throw new ApiError(0, { message: `Tools are not valid JSON: ${e.message}`, hint: "Give an OpenAI tools array." });
       }
     }
+    if (el.schema.value.trim()) {
+      let schema;
+      try { schema = JSON.parse(el.schema.value); } catch (e) {
+        throw new ApiError(0, { message: `The output schema is not valid JSON: ${e.message}`, hint: "Give a JSON Schema object." });
+      }
+      b.response_format = { type: "json_schema", json_schema: { name: "output", schema, strict: true } };
+    }
     return b;
   };
   el.panel = h("div", { class: "controls" },
@@ -149,6 +166,7 @@ function controls() {
       field("seed", el.seed), field("stop", el.stop)),
     field("thinking", el.thinking),
     h("div", { class: "grid2" }, field("thinking budget, tokens", el.budgetTokens), field("thinking budget, ms", el.budgetMs)),
+    details("Output JSON schema (response_format)", el.schema),
     details("Tools (JSON)", el.tools));
   return el;
 }

@@ -1,5 +1,7 @@
-// Training: submit an SFT job from inline examples or a dataset, list jobs, and follow one with a live
-// loss curve, tokens/s, gate outcome and evidence; cancel a running job or delete a finished one.
+// Training: submit an SFT job from inline examples or a dataset, or a DPO job from a judgment set, inline
+// pairs or a dataset; list jobs, and follow one with a live loss curve (DPO: reward margin and preference
+// accuracy too, then its held-out result), tokens/s, gate outcome and evidence; cancel a running job or
+// delete a finished one.
 
 import { ApiError, del, get, post, q } from "./api.js";
 import { lineChart } from "./charts.js";
@@ -9,6 +11,10 @@ const TERMINAL = ["completed", "failed", "cancelled"];
 const SAMPLE = [
   { messages: [{ role: "user", content: "What is the capital of Zorbania?" }, { role: "assistant", content: "Quillton." }] },
   { messages: [{ role: "user", content: "Name the capital of Zorbania." }, { role: "assistant", content: "Quillton." }] },
+].map((r) => JSON.stringify(r)).join("\n");
+const SAMPLE_PAIRS = [
+  { messages: [{ role: "user", content: "What is the capital of France?" }], chosen: "Paris.", rejected: "The capital of France is a city called Paris, which is also its largest city." },
+  { messages: [{ role: "user", content: "What is 2 + 2?" }], chosen: "4.", rejected: "Two plus two equals four, which is written as the number 4." },
 ].map((r) => JSON.stringify(r)).join("\n");
 
 function parseRows(text) {
@@ -31,7 +37,81 @@ export async function render(root, ctx) {
   const jobsBox = h("div", { id: "train-jobs" });
   const detailBox = h("div", { id: "train-detail" });
   let selected = ctx.params.get("job");
-  root.append(err, h("div", { class: "cols wide-right" }, await submitCard(), card("Jobs", jobsBox)), detailBox);
+  root.append(err, h("div", { class: "cols wide-right" }, h("div", {}, await submitCard(), await dpoCard()), card("Jobs", jobsBox)), detailBox);
+
+  function configFields(prefix, defaults) {
+    const out = {};
+    for (const [k, [label, value, attrs]] of Object.entries(defaults)) out[k] = [label, input({ id: `${prefix}-${label}`, value, ...attrs })];
+    return out;
+  }
+
+  function readConfig(fields) {
+    const config = {};
+    for (const [k, [, el]] of Object.entries(fields)) {
+      const v = el.value.trim();
+      if (v !== "") config[k] = k === "output_name" ? v : Number(v);
+    }
+    return config;
+  }
+
+  async function dpoCard() {
+    const [judgments, datasets, adapters] = await Promise.all([
+      get("/v1/judgments").then((r) => r.judgments || []).catch(() => []),
+      get("/v1/eval/datasets").then((r) => r.datasets || []).catch(() => []),
+      get("/v1/adapters").then((r) => r.available || []).catch(() => [])]);
+    const wanted = ctx.params.get("dpo");
+    const source = select([["judgments", "a judgment set (A/B rows)"], ["pairs", "inline pairs (JSONL)"], ["dataset", "a dataset"]], { id: "dpo-source" });
+    const ab = (j) => (j.winner_histogram?.a || 0) + (j.winner_histogram?.b || 0);
+    const judgmentSel = select(judgments.map((j) => [j.name, `${j.name} (${ab(j)} A/B of ${j.num_rows})`]), { id: "dpo-judgments" });
+    if (wanted) judgmentSel.value = wanted;
+    const pairs = h("textarea", { id: "dpo-pairs", rows: 5 }, SAMPLE_PAIRS);
+    const dataset = select(datasets.map((d) => [d.name, `${d.name} (${d.num_rows} rows)`]), { id: "dpo-dataset" });
+    const split = select(["train", "validation", "holdout"], { id: "dpo-split" });
+    const jBox = field("judgment set", judgmentSel, "each A/B row: the winner's reply is chosen, the other rejected; ties and skips are left out");
+    const pBox = field("pairs", pairs, 'one {"messages", "chosen", "rejected"} per line (TRL\'s {"prompt", ...} rows too)');
+    const dBox = h("div", { class: "grid2" }, field("dataset", dataset), field("split", split));
+    const sync = () => { jBox.hidden = source.value !== "judgments"; pBox.hidden = source.value !== "pairs"; dBox.hidden = source.value !== "dataset"; };
+    source.onchange = sync;
+    sync();
+    const cfg = configFields("dpo", {
+      output_name: ["output", wanted ? `${wanted}-dpo` : "", { placeholder: "generated if empty" }],
+      epochs: ["epochs", "3", { type: "number", min: "1" }],
+      learning_rate: ["lr", "0.00005", { type: "number", step: "any" }],
+      beta: ["beta", "0.1", { type: "number", step: "any", min: "0" }],
+      heldout_percent: ["heldout", "10", { type: "number", min: "0", max: "50" }],
+      lora_rank: ["rank", "16", { type: "number", min: "1" }],
+    });
+    const lossType = select([["sigmoid", "sigmoid (DPO)"], ["ipo", "IPO"]], { id: "dpo-loss-type" });
+    const base = select([["", "none (the base model)"], ...adapters.map((a) => a.name)], { id: "dpo-base" });
+    const autoLoad = h("input", { type: "checkbox", id: "dpo-autoload", checked: true });
+    const out = h("div");
+    const submit = h("button", { class: "primary", id: "dpo-submit" }, "Start DPO");
+    submit.onclick = () => act(submit, out, async () => {
+      const config = { ...readConfig(cfg), loss_type: lossType.value, auto_load: autoLoad.checked };
+      if (base.value) config.base_adapter = base.value;
+      const body = { config };
+      if (source.value === "judgments") {
+        if (!judgmentSel.value) throw new ApiError(0, { message: "There is no judgment set to train from.", hint: "Compare A / B in the Playground to fill one." });
+        body.judgments = judgmentSel.value;
+      } else if (source.value === "pairs") body.pairs = parseRows(pairs.value);
+      else {
+        if (!dataset.value) throw new ApiError(0, { message: "There is no dataset to train from.", hint: "Upload one on the Data page." });
+        body.dataset = dataset.value;
+        if (split.value !== "train") body.dataset_split = split.value;
+      }
+      const r = await post("/v1/train/dpo", body);
+      toast(r.message || `queued ${r.job_id}`);
+      selected = r.job_id;
+      ctx.go(`#/training?job=${q(r.job_id)}`);
+    });
+    const box = details("New DPO job (learn from preferences)", field("source", source), jBox, pBox, dBox,
+      h("div", { class: "grid3" }, ...Object.values(cfg).map(([label, el]) => field(label, el)), field("loss", lossType)),
+      h("div", { class: "grid2" }, field("reference (continue from)", base), h("label", { class: "check" }, autoLoad, " load the adapter when done")),
+      submit, out);
+    box.id = "dpo-card";
+    if (wanted) box.open = true;
+    return card("Preferences", box);
+  }
 
   async function submitCard() {
     const [datasets, suites, adapters] = await Promise.all([
@@ -140,6 +220,7 @@ export async function render(root, ctx) {
         stat("tokens trained", fmtNum(d.tokens_trained, 0)), stat("elapsed", fmtDuration(d.elapsed_secs)),
         stat("progress", fmtPct(d.progress, 0))),
       h("div", { id: "loss-curve" }, lineChart([{ name: "loss", points }], { id: "loss-chart", yMin: 0, xLabel: "step", yLabel: "loss", height: 240 })),
+      d.job_type === "dpo" ? preferenceView(d, stat) : null,
       d.error ? errorBox({ message: d.error }) : null,
       d.activation_error ? errorBox({ message: `activation: ${d.activation_error}` }) : null,
       d.post_eval_verdict ? h("p", { class: "verdict" }, d.post_eval_verdict) : null,
@@ -148,6 +229,24 @@ export async function render(root, ctx) {
       details("config and data", json({ config: d.config, training_data: d.training_data, base_adapter: d.base_adapter, memory: d.memory })),
       d.train_receipt ? details("training receipt", json(d.train_receipt)) : null,
       out));
+  }
+
+  function preferenceView(d, stat) {
+    const curve = (d.loss_curve || []).filter((p) => Number.isFinite(p.reward_margin));
+    const series = [
+      { name: "reward margin", points: curve.map((p) => [p.step, p.reward_margin]) },
+      { name: "preference accuracy", points: curve.map((p) => [p.step, p.preference_accuracy]) }];
+    const held = d.held_out;
+    const data = d.training_data || {};
+    return h("div", { id: "dpo-view" },
+      h("div", { id: "reward-curve" }, lineChart(series, { id: "reward-chart", xLabel: "step", yLabel: "reward margin / accuracy", height: 200 })),
+      h("p", { class: "muted small" }, `${data.train_pairs ?? "?"} training pairs, ${data.heldout_pairs ?? 0} held out`,
+        data.judgments ? ` · from judgment set ${data.judgments} (${data.ties_left_out} tie, ${data.skips_left_out} skip left out)` : ""),
+      held ? h("div", { class: "stats", id: "dpo-held-out" },
+        stat("held-out pairs", fmtNum(held.pairs, 0)),
+        stat("preference accuracy", `${fmtPct(held.preference_accuracy_before, 0)} → ${fmtPct(held.preference_accuracy_after, 0)}`),
+        stat("log-prob margin", `${fmtNum(held.mean_logprob_margin_before, 2)} → ${fmtNum(held.mean_logprob_margin_after, 2)}`),
+        stat("win rate vs start", fmtPct(held.win_rate_vs_start, 0))) : null);
   }
 
   ctx.every(1000, async () => { await refreshList(); await refreshDetail(); });

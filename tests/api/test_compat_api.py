@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -240,3 +241,80 @@ def test_tokens_generated_under_an_adapter_are_its_own_greedy_top_logprobs(clien
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
         # ... and the scores come from the same adapter: each greedy token is its own top-1
         assert value == pytest.approx(max(top.values()), abs=1e-4) and tok in top
+
+
+def test_legacy_completions_honour_vllm_structured_outputs(client):
+    body = client.post(URL, json={"prompt": ["Colour:", "Another colour:"], "max_tokens": 10, "n": 2, "seed": 1,
+                                  "temperature": 1.0, "structured_outputs": {"choice": ["red", "blue"]}}).json()
+    assert [c["text"] for c in body["choices"]] and all(c["text"] in ("red", "blue") for c in body["choices"])
+    assert all(c["finish_reason"] == "stop" for c in body["choices"])
+
+
+def test_legacy_completions_refuse_a_grammar_that_does_not_compile_naming_it(client):
+    r = client.post(URL, json={"prompt": "x", "guided_regex": "(unclosed"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"
+
+
+# ---- chat with logprobs --------------------------------------------------------------------------------
+
+CHAT_URL = "/compat/v1/chat/completions"
+CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8, "temperature": 0}
+
+
+def test_compat_chat_logprobs_have_openais_shape_and_greedy_tokens_are_the_top(client):
+    body = client.post(CHAT_URL, json={**CHAT, "logprobs": True, "top_logprobs": 3}).json()
+    choice = body["choices"][0]
+    content = choice["logprobs"]["content"]
+    eos = 1 if choice["finish_reason"] == "stop" else 0
+    assert len(content) == body["usage"]["completion_tokens"] - eos and content
+    for item in content:
+        assert set(item) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert item["bytes"] == list(item["token"].encode()) and item["logprob"] <= 0
+        assert len(item["top_logprobs"]) == 3
+        assert item["logprob"] == pytest.approx(item["top_logprobs"][0]["logprob"], abs=1e-5)
+    assert "".join(i["token"] for i in content) == choice["message"]["content"]
+
+
+def test_compat_chat_logprobs_equal_the_contract_prompt_scoring(client):
+    # three tokens whose texts are whole tokens of their own (the tiny model's next ones are byte pieces)
+    body = client.post(CHAT_URL, json={**CHAT, "max_tokens": 3, "logprobs": True}).json()
+    content = body["choices"][0]["logprobs"]["content"]
+    prompt = client.post("/compat/tokenize", json={"messages": CHAT["messages"]}).json()["tokens"]
+    generated = [encode(client, item["token"]) for item in content]
+    assert all(len(g) == 1 for g in generated) and len(generated) == 3
+    ids = prompt + [g[0] for g in generated]
+    scored = client.post("/v1/completions", json={"prompt": ids, "prompt_logprobs": 0}).json()
+    entries = scored["choices"][0]["prompt_logprobs"][len(prompt):]
+    assert [i["logprob"] for i in content] == pytest.approx([e[str(t)]["logprob"] for e, t in
+                                                             zip(entries, ids[len(prompt):], strict=True)], abs=1e-5)
+
+
+def test_compat_chat_without_logprobs_says_null(client):
+    body = client.post(CHAT_URL, json=CHAT).json()
+    assert body["choices"][0]["logprobs"] is None
+
+
+def test_streamed_compat_chat_logprobs_equal_the_non_streamed_ones(client):
+    whole = client.post(CHAT_URL, json={**CHAT, "logprobs": True, "top_logprobs": 2}).json()
+    streamed = []
+    with client.stream("POST", CHAT_URL, json={**CHAT, "logprobs": True, "top_logprobs": 2, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for c in json.loads(line[6:])["choices"]:
+                    streamed += (c.get("logprobs") or {}).get("content") or []
+    assert streamed == whole["choices"][0]["logprobs"]["content"]
+
+
+@pytest.mark.parametrize(("extra", "param"), [({"top_logprobs": 2}, "top_logprobs"),
+                                              ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")])
+def test_compat_chat_logprobs_rules_name_the_field(client, extra, param):
+    r = client.post(CHAT_URL, json={**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_the_contract_chat_route_keeps_its_closed_shape_when_asked_for_logprobs(client):
+    from kiln.testing.schemas import validate
+
+    body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 3}).json()
+    validate("kiln-inference-v1.schema.json", "ChatCompletionResponse", body)
+    assert "logprobs" not in body["choices"][0]

@@ -1,5 +1,6 @@
-"""Issue 19 on a real `kiln serve`: API keys with the openai client, and a training job SIGKILLed mid-run
-that comes back interrupted and resumes, over HTTP, to the adapter an uninterrupted run produces."""
+"""Issue 19 on a real `kiln serve`: API keys with the openai client, and a training job (SFT, and DPO from a
+judgment set) SIGKILLed mid-run that comes back interrupted and resumes, over HTTP, to the adapter an
+uninterrupted run produces."""
 
 from __future__ import annotations
 
@@ -42,12 +43,25 @@ def test_the_openai_client_needs_the_key_and_health_stays_open(tiny_model_dir, t
         stop_server(server)
 
 
-def submit(server: RunningServer, name: str, epochs: int) -> str:
-    r = httpx.post(server.base_url + "/train/sft", timeout=60, json={
-        "examples": ROWS, "config": {"output_name": name, "epochs": epochs, "lora_rank": 4, "learning_rate": 1e-3,
-                                     "seed": 3, "checkpoint_interval": 5, "auto_load": False}})
+def submit(server: RunningServer, name: str, epochs: int, kind: str = "sft") -> str:
+    config = {"output_name": name, "epochs": epochs, "lora_rank": 4, "learning_rate": 1e-3, "seed": 3,
+              "checkpoint_interval": 5, "auto_load": False}
+    if kind == "dpo":  # from a judgment set, which a resume reads again
+        body = {"judgments": "prefs", "config": {**config, "heldout_percent": 0}}
+    else:
+        body = {"examples": ROWS, "config": config}
+    r = httpx.post(f"{server.base_url}/train/{kind}", timeout=60, json=body)
     assert r.status_code == 200, r.text
     return r.json()["job_id"]
+
+
+def judge(server: RunningServer) -> None:
+    assert httpx.post(server.base_url + "/judgments", json={"name": "prefs"}, timeout=30).status_code == 200
+    for row in ROWS:
+        r = httpx.post(server.base_url + "/judgments/prefs/rows", timeout=30, json={
+            "prompt": row["messages"][:1], "response_a": "Paris.", "response_b": row["messages"][1]["content"],
+            "winner": "b"})
+        assert r.status_code == 200, r.text
 
 
 def job(server: RunningServer, job_id: str) -> dict:
@@ -66,13 +80,16 @@ def wait(server: RunningServer, job_id: str, cond, timeout: float = 300) -> dict
         time.sleep(0.02)
 
 
-def test_a_training_job_killed_mid_run_resumes_to_the_uninterrupted_adapter(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("kind", ["sft", "dpo"])
+def test_a_training_job_killed_mid_run_resumes_to_the_uninterrupted_adapter(tiny_model_dir, tmp_path, kind):
     epochs = 40   # 120 steps: long enough to be killed mid-run (the test says so if it was not)
     server = start_server(str(tiny_model_dir), tmp_path, "--served-model-id", "tiny")
     try:
-        straight = submit(server, "straight", epochs)
+        if kind == "dpo":
+            judge(server)
+        straight = submit(server, "straight", epochs, kind)
         wait(server, straight, lambda j: j["state"] == "completed")
-        killed = submit(server, "killed", epochs)
+        killed = submit(server, "killed", epochs, kind)
         running = wait(server, killed, lambda j: (j.get("checkpoint") or {}).get("step", 0) >= 10
                        or j["state"] not in ("queued", "running"))
         assert running["state"] == "running", "the job finished before it could be killed"

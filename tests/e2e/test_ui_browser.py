@@ -160,6 +160,23 @@ def test_playground_streams_the_answer_the_api_gives(server, browser):
     assert "finish: length" in done.text
 
 
+def test_playground_output_schema_holds_the_answer_and_shows_the_parsed_value(server, browser):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    open_page(browser, server, "playground", "#pg-input")
+    css(browser, "#mode-chat").click()
+    css(browser, "#pg-clear").click()
+    greedy_settings(browser, max_tokens=20)
+    browser.driver.find_element("xpath", "//summary[text()='Output JSON schema (response_format)']").click()
+    set_value(css(browser, "#pg-schema"), json.dumps(schema))
+    css(browser, "#pg-input").send_keys("Is the sea salty?")
+    css(browser, "#pg-send").click()
+    done = css(browser, "#transcript .msg.assistant[data-done]")
+    assert json.loads(answer_text(done))["answer"] in ("yes", "no")
+    shown = json.loads(done.find_element("css selector", ".parsed-value pre").text)
+    assert shown == json.loads(answer_text(done))   # the tiny model's free text is never this JSON
+    set_value(css(browser, "#pg-schema"), "")
+
+
 def test_correcting_an_answer_stores_it_and_trains_on_it(server, browser):
     open_page(browser, server, "playground", "#pg-input")
     css(browser, "#pg-clear").click()
@@ -385,6 +402,37 @@ def test_data_page_shows_datasets_splits_and_the_judgment_histogram(server, brow
     assert api(server, "GET", "/v1/eval/datasets/ui-votes-sft")["num_rows"] >= 1
     css(browser, 'tr[data-dataset="ui-votes-sft"]')
     shoot(browser, "data", "#winner-histogram")
+
+
+def test_a_judgment_set_trains_a_preference_adapter_from_the_data_page(server, browser):
+    api(server, "POST", "/v1/judgments", json={"name": "ui-prefs"})
+    for i in range(1, 7):
+        api(server, "POST", "/v1/judgments/ui-prefs/rows", json={
+            "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "response_a": "A number.",
+            "response_b": str(2 * i), "winner": "b"})
+    api(server, "POST", "/v1/judgments/ui-prefs/rows", json={
+        "prompt": [{"role": "user", "content": "Hi"}], "response_a": "Hello", "response_b": "Hey", "winner": "tie"})
+    open_page(browser, server, "data?judgment=ui-prefs", "#dpo-from-judgments")
+    assert "6 A/B judgments become DPO pairs" in read(browser, "#judgment-preferences", lambda e: e.text)
+    css(browser, "#dpo-from-judgments").click()
+    css(browser, "#dpo-submit")  # the training page, its DPO form open on the set
+    assert read(browser, "#dpo-judgments", lambda e: e.get_property("value")) == "ui-prefs"
+    assert read(browser, "#dpo-output", lambda e: e.get_property("value")) == "ui-prefs-dpo"
+    set_value(css(browser, "#dpo-epochs"), "2")
+    set_value(css(browser, "#dpo-lr"), "0.001")
+    set_value(css(browser, "#dpo-heldout"), "30")
+    css(browser, "#dpo-submit").click()
+    wait(browser, lambda d: "ui-prefs-dpo" in read(browser, "#train-detail", lambda e: e.text), what="DPO job")
+    css(browser, "#dpo-held-out", timeout=180)   # shown once the job has ended
+    job = next(j for j in api(server, "GET", "/v1/train/status") if j["adapter_name"] == "ui-prefs-dpo")
+    detail = api(server, "GET", f"/v1/train/jobs/{job['job_id']}")
+    assert job["state"] == "completed" and job["training_data"]["ties_left_out"] == 1
+    held = job["held_out"]
+    text = read(browser, "#dpo-held-out", lambda e: e.text)
+    assert f"{round(100 * held['preference_accuracy_after'])}%" in text and str(held["pairs"]) in text
+    # two series (reward margin, preference accuracy), a point per step each
+    assert int(read(browser, "#reward-chart", lambda e: e.get_attribute("data-points"))) == 2 * len(detail["loss_curve"])
+    shoot(browser, "training-dpo", "#reward-chart")
 
 
 def test_recent_requests_page_shows_the_table_or_says_the_route_is_missing(server, browser):

@@ -38,3 +38,27 @@ def test_exactly_one_source_is_required(tmp_path):
         build_body(parse("sft"), "examples")
     with pytest.raises(ServerError, match="exactly one"):
         build_body(parse("sft", "--dataset", "a", "--server-path", "/x.jsonl"), "examples")
+
+
+def test_dpo_takes_a_judgment_set_or_a_pairs_file_and_its_own_options(tmp_path):
+    body = build_body(parse("dpo", "--judgments", "prefs", "--beta", "0.2", "--loss-type", "ipo",
+                            "--heldout-percent", "20", "--min-heldout-win-rate", "0.6", "-o", "pref"), "pairs")
+    assert body == {"judgments": "prefs", "config": {"output_name": "pref", "beta": 0.2, "loss_type": "ipo",
+                                                     "heldout_percent": 20, "min_heldout_win_rate": 0.6}}
+    path = tmp_path / "p.jsonl"
+    row = {"prompt": "Capital of Zorbania?", "chosen": "Quillton.", "rejected": "Paris."}
+    path.write_text(json.dumps(row) + "\n")
+    assert build_body(parse("dpo", str(path)), "pairs") == {"pairs": [row], "config": {}}
+    with pytest.raises(ServerError, match="--judgments"):
+        build_body(parse("dpo", str(path), "--judgments", "prefs"), "pairs")
+
+
+def test_teachers_add_builds_a_local_or_a_remote_registration():
+    from kiln.commands.teachers import build_body as teacher_body
+
+    local = build_parser().parse_args(["teachers", "add", "tutor", "--local", "--adapter", "facts"])
+    assert teacher_body(local) == {"alias": "tutor", "kind": "local", "adapter": "facts"}
+    remote = build_parser().parse_args(["teachers", "add", "big", "--remote", "http://10.0.0.2:8000",
+                                        "--model-id", "qwen", "--api-key-env", "BIG_KEY"])
+    assert teacher_body(remote) == {"alias": "big", "kind": "remote", "url": "http://10.0.0.2:8000",
+                                    "model_id": "qwen", "api_key_env": "BIG_KEY"}

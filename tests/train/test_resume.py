@@ -16,8 +16,8 @@ from kiln.train.checkpoint import CheckpointStore
 from kiln.train.executor import Checkpointing, JobContext, execute
 from kiln.train.jobs import TrainJob
 from kiln.train.loop import Paused
-from kiln.train.plan import plan_grpo, plan_sft
-from kiln.train.requests import GrpoRequest, SftRequest
+from kiln.train.plan import plan_dpo, plan_grpo, plan_sft
+from kiln.train.requests import DpoRequest, GrpoRequest, SftRequest
 
 QUESTION = [{"role": "user", "content": "What is the capital of Zorbania?"}]
 SFT_ROWS = [
@@ -30,6 +30,12 @@ GRPO_GROUPS = [
     {"messages": QUESTION, "completions": [{"text": "Quillton.", "reward": 1.0}, {"text": "Paris.", "reward": 0.0}]},
     {"messages": [{"role": "user", "content": "Say yes."}],
      "completions": [{"text": "yes", "reward": 1.0}, {"text": "no", "reward": 0.2}, {"text": "maybe", "reward": 0.5}]},
+]
+
+DPO_PAIRS = [
+    {"messages": QUESTION, "chosen": "Quillton.", "rejected": "Paris."},
+    {"messages": [{"role": "user", "content": "Name Zorbania's capital."}], "chosen": "Quillton.", "rejected": "Rome."},
+    {"messages": [{"role": "user", "content": "Say yes."}], "chosen": "yes", "rejected": "no"},
 ]
 
 
@@ -47,6 +53,10 @@ def make_plan(kind: str, name: str, engine, store):
     if kind == "sft":
         body = {"examples": SFT_ROWS, "config": {"output_name": name, "epochs": 4, "learning_rate": 5e-3, "seed": 7}}
         return plan_sft(parse_model(SftRequest, body), engine, store, None, job_id="train-" + name)
+    if kind == "dpo":
+        body = {"pairs": DPO_PAIRS, "config": {"output_name": name, "epochs": 3, "learning_rate": 5e-3, "seed": 7,
+                                               "heldout_percent": 0}}
+        return plan_dpo(parse_model(DpoRequest, body), engine, store, None, job_id="train-" + name)
     body = {"groups": GRPO_GROUPS, "config": {"output_name": name, "epochs": 5, "learning_rate": 5e-3, "seed": 7,
                                               "updates_per_step": 2}}
     return plan_grpo(parse_model(GrpoRequest, body), engine, store, None, job_id="train-" + name)
@@ -70,7 +80,7 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize("kind", ["sft", "grpo"])
+@pytest.mark.parametrize("kind", ["sft", "grpo", "dpo"])
 def test_a_job_paused_at_a_batch_boundary_resumes_to_the_uninterrupted_adapter_bit_for_bit(env, kind):
     engine, store, ckpts = env
     straight = run(make_plan(kind, "straight", engine, store), engine, store)

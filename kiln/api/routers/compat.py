@@ -5,6 +5,8 @@ lm-evaluation-harness finds everything from one base URL: with
 remote tokenizer (`tokenizer_backend=remote`) strips `/v1/completions` and calls
 `/compat/tokenizer_info`, `/compat/tokenize`, `/compat/detokenize`. The tokenizer routes are also at
 the root, where vLLM serves them. The contract's `POST /v1/completions` (prompt scoring) is unchanged.
+`/compat/v1/chat/completions` is the chat route plus OpenAI's `logprobs` / `top_logprobs`, which the
+contract's closed `Choice` has no room for (kiln.engine.chat_logprobs).
 """
 
 from __future__ import annotations
@@ -14,12 +16,24 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from kiln.api.access_log import note_request
 from kiln.api.errors import parse_body
 from kiln.api.metrics import counting_refusals, metrics_for
+from kiln.api.routers.chat import response_headers
+from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import get_state
-from kiln.api.wire.compat import DetokenizeRequest, LegacyCompletionRequest, TokenizeRequest
+from kiln.api.wire.chat import PREFIX as CHAT_PREFIX
+from kiln.api.wire.compat import (
+    CompatChatRequest,
+    DetokenizeRequest,
+    LegacyCompletionRequest,
+    TokenizeRequest,
+)
+from kiln.engine.chat_logprobs import check_scorable, complete_chat_with_logprobs, stream_chat_with_logprobs
+from kiln.engine.chat_request import prepare_chat
 from kiln.engine.legacy_completion import run_legacy_completion
 from kiln.engine.legacy_request import CODE, PREFIX, prepare_legacy
 from kiln.engine.model_selection import select_model
@@ -34,6 +48,7 @@ from kiln.engine.tokenize_request import (
 )
 
 router = APIRouter(tags=["compat"])
+CHAT_CODE = "chat_invalid_request"
 
 
 def _engine(request: Request) -> Any:
@@ -98,3 +113,28 @@ async def legacy_completions(request: Request) -> JSONResponse:
         metrics.finished("ok", now() - started)
     return JSONResponse({**result, "created": int(time.time()), "model": model_id})
 
+
+
+# ---- chat with what the contract's closed shapes leave out --------------------------------------------------
+
+@router.post("/compat/v1/chat/completions", summary="OpenAI chat with logprobs / top_logprobs (JSON or SSE)")
+async def compat_chat_completions(request: Request):
+    started = now()
+    state = get_state(request)
+    with counting_refusals(state, started), recording_refusals(state, request, started, "chat") as seen:
+        req = await parse_body(request, CompatChatRequest, code=CHAT_CODE, prefix=CHAT_PREFIX)
+        seen.inp = req.to_input()
+        engine = state.require_engine()
+        prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+        top = req.wanted_top_logprobs
+        if top is not None:
+            check_scorable(prep, code=CHAT_CODE, prefix=CHAT_PREFIX)
+        admission = engine.admit([len(prep.prompt_ids)])   # 429 here, before anything is queued
+    prep.client_request_id = seen.request_id
+    timeout = state.settings.server.request_timeout_secs
+    if req.stream:
+        return EventSourceResponse(stream_chat_with_logprobs(engine, prep, admission, top, timeout), ping=15,
+                                   sep="\n", headers=response_headers(state),
+                                   background=BackgroundTask(admission.release))
+    body = await complete_chat_with_logprobs(engine, prep, admission, top, timeout)
+    return JSONResponse(body, headers=response_headers(state))

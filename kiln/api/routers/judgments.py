@@ -1,4 +1,5 @@
-"""Judgment routes: create, list, append, delete, render the judge prompt, compile, validate (§1.7, §11).
+"""Judgment routes: create, list, append, delete, render the judge prompt, compile, validate, export as
+preference JSONL (§1.7, §11).
 
 Needs `state.services.judgments` (a JudgmentStore under `<data_dir>/judgments`) and
 `state.services.datasets` for compile; `init` builds both when missing. Validate queues an eval
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -102,6 +103,16 @@ async def render_prompt(request: Request) -> dict[str, Any]:
 @router.get("/v1/judgments/{name}")
 def get_judgment(request: Request, name: str) -> dict[str, Any]:
     return _store(request).get(name)
+
+
+@router.get("/v1/judgments/{name}/export")
+def export_judgment(request: Request, name: str, format: str = "trl") -> Response:
+    """The set's A/B judgments as preference JSONL (`format` trl or openai); ties and skips are left out."""
+    body, found = _store(request).export(name, format)
+    return Response(body, media_type="application/jsonl", headers={
+        "Content-Disposition": f'attachment; filename="{name.replace(chr(34), "_")}.{format}.jsonl"',
+        "X-Kiln-Pairs": str(len(found.pairs)), "X-Kiln-Ties-Left-Out": str(found.ties),
+        "X-Kiln-Skips-Left-Out": str(found.skips)})
 
 
 @router.get("/v1/judgments/{name}/rows")

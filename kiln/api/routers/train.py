@@ -1,14 +1,16 @@
-"""Training routes (semantics.md §1.4, §12): SFT and GRPO jobs, status, queue, cancel.
+"""Training routes (semantics.md §1.4, §12): SFT, GRPO and DPO jobs, status, queue, cancel, resume.
 
 Services (kiln.api.services.ensure_training, unless a test put its own first):
   state.services.training   TrainingManager (records under <data_dir>/train/jobs)
-Also used: state.services.adapter_store, .adapters_active, .datasets, and .eval_suites / .eval_jobs
+Also used: state.services.adapter_store, .adapters_active, .datasets, .judgments (DPO from a judgment
+set; built here when missing), and .eval_suites / .eval_jobs
 (the eval routes build them; registered first) for `post_eval`: the training manager queues post-training eval jobs through
 the eval job manager and listens for their end to resolve the gate (semantics.md §8.14).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,12 +19,12 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters, ensure_training
+from kiln.api.services import ensure_adapters, ensure_judgments, ensure_training
 from kiln.api.state import ServerState, get_state
 from kiln.train.errors import CODE, PREFIX
 from kiln.train.manager import TrainingManager
-from kiln.train.plan import plan_grpo, plan_sft
-from kiln.train.requests import GrpoRequest, SftRequest
+from kiln.train.plan import plan_dpo, plan_grpo, plan_sft
+from kiln.train.requests import DpoRequest, GrpoRequest, SftRequest
 from kiln.train.submission import resume_training, submit_training
 
 router = APIRouter(tags=["training"])
@@ -65,12 +67,17 @@ async def train_grpo(request: Request) -> JSONResponse:
     return await _submit(request, GrpoRequest, plan_grpo)
 
 
+@router.post("/v1/train/dpo")
+async def train_dpo(request: Request) -> JSONResponse:
+    return await _submit(request, DpoRequest, partial(plan_dpo, judgments=ensure_judgments(get_state(request))))
+
+
 @router.post("/v1/train/jobs/{job_id}/resume")
 async def resume(request: Request, job_id: str) -> JSONResponse:
     state = get_state(request)
     return JSONResponse(await resume_training(_manager(request), job_id, state.require_engine(),
                                               ensure_adapters(state), state.services.datasets,
-                                              state.services.eval_suites))
+                                              state.services.eval_suites, ensure_judgments(state)))
 
 
 @router.get("/v1/train/status")

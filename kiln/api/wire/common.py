@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from kiln.engine.chat_request import AdapterSelection, ChatInput
+from kiln.errors import KilnError
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 MAX_OUTPUTS = 64  # CHAT_MAX_CHOICES and BATCH_MAX_TOTAL_OUTPUTS
+OUTPUT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                 "guided_grammar", "json_schema", "grammar")
 
 
 class ChatMessageInput(BaseModel):
@@ -37,7 +40,35 @@ class AdapterRef(BaseModel):
     scale: float
 
 
-class GenerationFields(BaseModel):
+class BeyondContract(BaseModel):
+    """Output constraints beyond the contract (OpenAI, vLLM, llama.cpp spellings; kiln.core.output_grammar)
+    and parallel_tool_calls: read beside a model's declared fields, not declared themselves, so the wire
+    model stays exactly the contract's. They change what a response says, never its shape."""
+
+    _beyond: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_beyond(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._beyond = {k: data[k] for k in (*OUTPUT_FIELDS, "parallel_tool_calls") if data.get(k) is not None}
+        return model
+
+    def output_fields(self) -> dict[str, Any]:
+        """The output-constraint fields the request sent (None values count as absent)."""
+        return {k: v for k, v in self._beyond.items() if k in OUTPUT_FIELDS}
+
+    @property
+    def parallel_tool_calls(self) -> bool | None:
+        value = self._beyond.get("parallel_tool_calls")
+        if value is not None and not isinstance(value, bool):
+            raise KilnError(400, "chat_invalid_request", f"parallel_tool_calls must be a boolean, got {value!r}",
+                            param="parallel_tool_calls", hint="Send true or false.")
+        return value
+
+
+class GenerationFields(BeyondContract):
     """Sampling, length, stop, seed, thinking-budget, adapter and template fields of chat and batch."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -65,7 +96,6 @@ class GenerationFields(BaseModel):
     tools: list[Any] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
-
     @field_validator("n")
     @classmethod
     def _n_positive(cls, v: int | None) -> int | None:
@@ -108,6 +138,7 @@ class GenerationFields(BaseModel):
             adapter=AdapterSelection(self.adapter, self.adapters, "adapter" in self.model_fields_set, both_adapters,
                                      model=self.model),
             max_tokens_param=self.max_tokens_param, code=code, prefix=prefix,
+            parallel_tool_calls=self.parallel_tool_calls, output_fields=self.output_fields(),
         )
 
     def budget_fields(self) -> dict[str, Any]:

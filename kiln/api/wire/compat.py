@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from kiln.api.wire.common import U64_MAX
+from kiln.api.wire.chat import PREFIX as CHAT_PREFIX
+from kiln.api.wire.chat import ChatCompletionRequest
+from kiln.api.wire.common import U64_MAX, BeyondContract
+from kiln.errors import KilnError
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_N = 16
@@ -21,8 +24,9 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class LegacyCompletionRequest(_Body):
-    """OpenAI's legacy completions body, as vLLM takes it (with its sampling extras)."""
+class LegacyCompletionRequest(_Body, BeyondContract):
+    """OpenAI's legacy completions body, as vLLM takes it (with its sampling extras and its output
+    constraints: response_format, structured_outputs, guided_*; llama.cpp's json_schema, grammar)."""
 
     model: str | None = None
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
@@ -109,3 +113,28 @@ class TokenizeRequest(_Body):
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[StrictInt]
+
+
+class CompatChatRequest(ChatCompletionRequest):
+    """The contract's chat body plus what its closed shapes leave out: OpenAI's `logprobs` and
+    `top_logprobs` (0-20; needs logprobs true)."""
+
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> CompatChatRequest:
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise KilnError(400, "chat_invalid_request", f"{CHAT_PREFIX}top_logprobs must be between 0 and "
+                                f"{MAX_LOGPROBS}, got {self.top_logprobs}", param="top_logprobs",
+                                hint=f"Send 0-{MAX_LOGPROBS} alternatives per token.")
+            if not self.logprobs:
+                raise KilnError(400, "chat_invalid_request", f"{CHAT_PREFIX}top_logprobs needs logprobs: true",
+                                param="top_logprobs", hint="Send logprobs: true with top_logprobs.")
+        return self
+
+    @property
+    def wanted_top_logprobs(self) -> int | None:
+        """None when no logprobs are asked for; else how many alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
