@@ -115,9 +115,22 @@ def _codes(kind: str, b: np.ndarray) -> np.ndarray:
     return q.astype(np.uint8)
 
 
+def _q4_k_nibbles(qs: np.ndarray) -> np.ndarray:
+    """A record's 128 nibble bytes straight from GGUF Q4_K's `qs [blocks, 128]` (the load's bulk: no
+    codes unpacked). GGUF byte 32c + l holds code l of group 2c (low nibble) and of group 2c + 1 (high);
+    the record's byte k of group j holds codes k and 16 + k of it."""
+    halves = qs.reshape(-1, 4, 2, 16)
+    a, b = halves[:, :, 0], halves[:, :, 1]
+    even = (a & 15) | (b << 4)
+    odd = (a >> 4) | (b & 0xF0)
+    return np.stack([even, odd], axis=2).reshape(-1, 128)
+
+
 def _records(kind: str, b: np.ndarray) -> np.ndarray:
     """Row records `[blocks, gguf_bytes]` of GGUF blocks `[blocks, gguf_bytes]`."""
     nb = b.shape[0]
+    if kind == "q4_k":
+        return np.ascontiguousarray(np.concatenate([b[:, :16], _q4_k_nibbles(b[:, 16:])], axis=1))
     q = _codes(kind, b)
     nib = ((q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)).reshape(nb, 128)
     parts: list[np.ndarray]
