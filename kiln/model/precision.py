@@ -11,7 +11,10 @@ the conversion reads 2 bytes a weight once per projection, next to a training ma
 multiply-adds per weight. The serving path keeps the bfloat16 kernels, which widen in registers.
 
 Training computes in float32 on every CPU (`training_dtype`), so a seeded job learns the same on every
-ISA: with bf16 dot products only each frozen projection's product runs on them (`mixed_linear`)."""
+ISA: with bf16 dot products only each frozen projection's product runs on them (`mixed_linear`).
+
+A weight held only as a GGUF's quantized blocks (no dense copy) is dequantized where it is used, in
+forward and backward (`block_linear`), to the values its dense copy would hold."""
 
 from __future__ import annotations
 
