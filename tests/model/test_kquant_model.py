@@ -10,11 +10,18 @@ import pytest
 import torch
 
 from kiln.bench.synthetic_gguf import write_synthetic_gguf
-from kiln.model import kernels
+from kiln.model import kernels, loader
 from kiln.model.loader import load_model, resolve_quantization
 from kiln.model.quant import holds_no_values
 
 from .test_decode_stack import _decode_run
+
+
+@pytest.fixture(autouse=True)
+def blocks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tiny files would keep a dense copy beside their blocks (loader.DENSE_COPY_MAX_BYTES): hold
+    only the blocks, as a real-size model does."""
+    monkeypatch.setattr(loader, "DENSE_COPY_MAX_BYTES", 0)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +109,14 @@ def test_a_weight_served_from_its_blocks_has_no_dense_copy(q4_k_m: Path) -> None
             weight = model.get_submodule(name.removesuffix(".weight")).weight
             assert holds_no_values(weight) and weight.untyped_storage().nbytes() <= 4, name
     assert "held only as blocks" in weights.held
+
+
+def test_a_model_whose_dense_copy_fits_the_budget_keeps_it_beside_its_blocks(q4_k_m: Path, monkeypatch) -> None:
+    monkeypatch.setattr(loader, "DENSE_COPY_MAX_BYTES", loader.dense_copy_bytes(q4_k_m, torch.float32))
+    model, weights = load_model(q4_k_m, dtype="float32", quantization="gguf-float")
+    up = model.model.layers[0].mlp.up_proj
+    assert up.packed is not None and not holds_no_values(up.weight)
+    assert "held only as blocks" not in weights.held
 
 
 def test_the_dense_path_over_the_blocks_gives_the_dense_copys_logits_and_gradients(q4_k_m: Path) -> None:
