@@ -212,7 +212,7 @@ def _run(args) -> int:
                 from kiln.train.submission import resume_interrupted
 
                 resume_interrupted(s.training, state.engine, s.adapter_store, s.datasets, s.eval_suites,
-                                   s.judgments)
+                                   s.judgments, s.teachers)
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"
