@@ -180,3 +180,15 @@ def test_ground_truth_conditioning_without_a_reference_is_a_400(env):
     err = bad(env, {"prompts": ["What is the capital of Zorbania?"], "mode": "ground_truth_conditioning"},
               self_distill=True)
     assert (err.status, err.param) == (400, "prompts[0].reference")
+
+
+def test_an_interrupted_opd_job_is_planned_again_from_its_kept_request_with_its_teacher(env, fact_teacher):
+    from kiln.train.submission import resume_job
+
+    engine, store, teachers = env
+    body = {"prompts": QUESTIONS[:2], "teacher": fact_teacher, "config": {**FAST, "output_name": "again"}}
+    kept = SimpleNamespace(job_id="train-kept")
+    manager = SimpleNamespace(resume_request=lambda job_id: (kept, "opd", body), resume=lambda plan: plan)
+    plan_ = resume_job(manager, "train-kept", engine, store, None, None, None, teachers)
+    assert (plan_.job_id, plan_.job_type, plan_.adapter_name) == ("train-kept", "opd", "again")
+    assert plan_.work.teacher.factors is not None
