@@ -73,10 +73,6 @@ def _default_hint(status: int) -> str:
     return "Fix the request as the message says and send it again."
 
 
-def bad_request(code: str, message: str, *, param: str | None = None, hint: str | None = None) -> KilnError:
-    return KilnError(400, code, message, param=param, hint=hint)
-
-
 def not_found(code: str, message: str, *, param: str | None = None, hint: str | None = None) -> KilnError:
     return KilnError(404, code, message, param=param, hint=hint)
 

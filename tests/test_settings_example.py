@@ -104,9 +104,9 @@ def _effective(s: Settings, tiny: Path) -> dict[str, Any]:
 
 
 def _state(s: Settings):
-    from kiln.api.state import ServerState
+    from kiln.server import build_state
 
-    return ServerState(settings=s)
+    return build_state(s)
 
 
 def _uvicorn(s: Settings):
@@ -148,7 +148,7 @@ def _stalls(s: Settings) -> float:
 
 
 def _device(s: Settings) -> str:
-    from kiln.engine.serving import resolve_device
+    from kiln.engine.build import resolve_device
 
     try:
         return str(resolve_device(s.model.device))
@@ -157,19 +157,19 @@ def _device(s: Settings) -> str:
 
 
 def _kv(s: Settings, tiny: Path) -> tuple[int, int, int]:
-    from kiln.engine.serving import kv_layout
+    from kiln.engine.build import kv_layout
 
     return kv_layout(s, _light_engine(tiny).info.config, torch.float32)
 
 
 def _served_id(s: Settings) -> str:
-    from kiln.engine.serving import _served_id, model_path
+    from kiln.engine.build import _served_id, model_path
 
     return _served_id(model_path(s), s.model.served_model_id)
 
 
 def _model_path(s: Settings) -> str:
-    from kiln.engine.serving import model_path
+    from kiln.engine.build import model_path
 
     return str(model_path(s))
 
@@ -178,7 +178,7 @@ def _quantization(s: Settings, tiny: Path) -> str:
     """What the engine loads the weights as: build_engine up to load_model, with the setting."""
     import pytest
 
-    from kiln.engine import serving
+    from kiln.engine import build
 
     seen: dict[str, str] = {}
 
@@ -191,9 +191,9 @@ def _quantization(s: Settings, tiny: Path) -> str:
 
     s.model.path = str(tiny)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(serving, "load_model", load_model)
+        mp.setattr(build, "load_model", load_model)
         with contextlib.suppress(Loaded):
-            serving.build_engine(s, start=False)
+            build.build_engine(s, start=False)
     return seen["quantization"]
 
 
@@ -204,7 +204,7 @@ def _dtype(s: Settings) -> torch.dtype:
 
 
 def _threads(s: Settings) -> int:
-    from kiln.engine.serving import torch_threads
+    from kiln.engine.build import torch_threads
 
     return torch_threads(s, env={})
 
@@ -217,33 +217,23 @@ def _cpu_isa(s: Settings) -> str:
 
 
 def _eval_jobs(s: Settings):
-    from kiln.api.services import ensure_eval_jobs
-
-    return ensure_eval_jobs(_state(s))
+    return _state(s).services.eval_jobs
 
 
 def _training(s: Settings):
-    from kiln.api.services import ensure_training
-
-    return ensure_training(_state(s))
+    return _state(s).services.training
 
 
 def _datasets_root(s: Settings) -> str:
-    from kiln.api.services import ensure_datasets
-
-    return str(ensure_datasets(_state(s)).root)
+    return str(_state(s).services.datasets.root)
 
 
 def _adapters_root(s: Settings) -> str:
-    from kiln.api.services import ensure_adapters
-
-    return str(ensure_adapters(_state(s)).root)
+    return str(_state(s).services.adapter_store.root)
 
 
 def _recorder(s: Settings):
-    from kiln.api.services import ensure_recorder
-
-    return ensure_recorder(_state(s))
+    return _state(s).services.recorder
 
 
 def _request_log(s: Settings, attr: str) -> Any:
@@ -264,7 +254,7 @@ def _request_log_enabled(s: Settings) -> bool:
 
 
 def _decode_window(s: Settings) -> float:
-    from kiln.engine.serving import decode_window
+    from kiln.engine.build import decode_window
 
     return decode_window(s).window_secs
 
@@ -293,17 +283,16 @@ def _outside_lora_path(s: Settings) -> int:
 
 def _lora_modules(s: Settings) -> str:
     from kiln.adapters.importing import import_lora_modules
-    from kiln.api.services import ensure_adapters
     from kiln.errors import KilnError
 
     try:
-        return repr(import_lora_modules(ensure_adapters(_state(s)), s.model.lora_modules))
+        return repr(import_lora_modules(_state(s).services.adapter_store, s.model.lora_modules))
     except KilnError as e:
         return e.code
 
 
 def _gate(s: Settings):
-    from kiln.engine.serving import admission_gate
+    from kiln.engine.build import admission_gate
 
     return admission_gate(s, kv_pool_tokens=4096, max_model_len=256)
 

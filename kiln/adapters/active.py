@@ -16,12 +16,15 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.adapters.compat import CompatibilityReport, check_compatibility, model_spec_from_config
 from kiln.adapters.store import AdapterStore, LoadedAdapter
 from kiln.errors import KilnError
 from kiln.store.atomic import atomic_write_json
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 log = logging.getLogger("kiln.adapters")
 
@@ -29,18 +32,10 @@ SwapCallback = Callable[[LoadedAdapter | None], None]
 STATE_FILE = ".active.json"
 
 
-def model_spec_for(engine: Any) -> dict[str, Any] | None:
-    """The served model's projection shapes, or None without an engine (then no model check runs).
-
-    An engine may expose `lora_model_spec()`; otherwise its `info.config` (ModelConfig) is used.
-    """
-    if engine is None:
-        return None
-    provider = getattr(engine, "lora_model_spec", None)
-    if callable(provider):
-        return provider()
-    config = getattr(getattr(engine, "info", None), "config", None)
-    return model_spec_from_config(config) if config is not None else None
+def model_spec_for(engine: EngineView | None) -> dict[str, Any] | None:
+    """The served model's projection shapes (from its `info.config`), or None without an engine (then
+    no model check runs)."""
+    return None if engine is None else model_spec_from_config(engine.info.config)
 
 
 class ActiveAdapter:

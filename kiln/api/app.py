@@ -1,4 +1,5 @@
-"""The FastAPI application: routers, error envelope, shared state. No logic lives here."""
+"""The FastAPI application over a built server state (kiln.server.build_server): routers, error
+envelope, auth, middleware. No logic lives here, and nothing is built here but the app."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from kiln.api.shutdown import DrainMiddleware
 from kiln.api.state import ServerState
 from kiln.config import Settings
 
-# Each module exposes `router` (an APIRouter) and optionally `init(state: ServerState)`, called once
-# at app creation to build the stores it needs into `state.services`.
+# Each module exposes `router` (an APIRouter) whose routes read `request.app.state.kiln`.
 ROUTER_MODULES = [
     "kiln.api.routers.system",
     "kiln.api.routers.chat",
@@ -41,8 +41,7 @@ ROUTER_MODULES = [
 ]
 
 
-def create_app(settings: Settings, state: ServerState | None = None,
-               routers: Sequence[str] | None = None) -> FastAPI:
+def create_app(settings: Settings, state: ServerState, routers: Sequence[str] | None = None) -> FastAPI:
     """The server's app; `routers` (module names, default ROUTER_MODULES) mounts a subset, as tests do."""
     swagger = swagger_static_dir()
     # /docs from this server's own Swagger UI files when they are installed (FastAPI's loads a CDN);
@@ -51,15 +50,11 @@ def create_app(settings: Settings, state: ServerState | None = None,
                   docs_url=None if swagger is not None else "/docs", redoc_url=None)
     if swagger is not None:
         install_docs(app, swagger)
-    app.state.kiln = state or ServerState(settings=settings)
+    app.state.kiln = state
     install_error_handlers(app)
     install_auth(app, settings)
     for name in ROUTER_MODULES if routers is None else routers:
-        module = importlib.import_module(name)
-        init = getattr(module, "init", None)
-        if init is not None:
-            init(app.state.kiln)
-        app.include_router(module.router)
+        app.include_router(importlib.import_module(name).router)
     install_openapi(app)
     app.add_middleware(RequestIdMiddleware, access_log=settings.server.access_log)
     # Outermost: while draining, even a request without a key gets the 503 (and the counts stay exact).

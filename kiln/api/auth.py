@@ -1,4 +1,4 @@
-"""API keys (issue 19.1): with keys configured, every call needs `Authorization: Bearer KEY`.
+"""API keys: with keys configured, every call needs `Authorization: Bearer KEY`.
 
 Keys come from `[server] api_keys` (comma-separated; `--api-key`, repeatable, or `KILN_SERVER_API_KEYS`)
 and `[server] api_key_file` (one key per line; blank lines and `#` comments skipped). Without keys

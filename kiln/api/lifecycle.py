@@ -1,4 +1,4 @@
-"""The server's start and stop around the app: the startup sweep of every store (issue 19.5).
+"""The server's start and stop around the app: the startup sweep of every store.
 
 `startup_sweep(state)` runs in `kiln serve` before the first request: every service in
 `state.services` that has a `sweep()` method (a store, or a manager over one) settles what killed

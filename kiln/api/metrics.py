@@ -25,6 +25,7 @@ from kiln.core.thinking_budget import outcome_label
 from kiln.engine.chat_response import FinishedCompletion, status_of
 from kiln.engine.grammar import REFUSAL_REASONS
 from kiln.engine.timing import now
+from kiln.engine.view import EngineView
 from kiln.errors import KilnError
 
 log = logging.getLogger("kiln.api")
@@ -151,7 +152,7 @@ class KilnMetrics:
 
 
     def observe_record(self, rec: Any) -> None:
-        """A finished request's record (kiln.engine.records.CompletionRecord): the recorder's listener."""
+        """A finished request's record (kiln.traffic.records.CompletionRecord): the recorder's listener."""
         self.finished_requests.labels(kind=rec.kind, finish_reason=rec.finish_reason,
                                       adapter=self._adapter_label(rec)).inc()
         self.prompt_tokens.observe(rec.prompt_tokens)
@@ -229,34 +230,29 @@ class _EngineCollector(Collector):
         yield _gauge("kiln_decode_window_seconds", "Length of the decode-stats rolling window.", snap.window_secs)
 
         yield from _grammar_metrics(engine)
-        gate = getattr(engine, "admission", None)
-        if gate is not None:
-            yield _gauge("kiln_admission_waiting_requests", "Admitted requests still waiting for their first token.",
-                         gate.waiting)
-            yield _gauge("kiln_admission_waiting_requests_peak", "Most requests ever waiting at once.",
-                         gate.peak_waiting)
-            yield _gauge("kiln_admission_queued_prompt_tokens", "Prompt tokens the waiting requests hold.",
-                         gate.queued_tokens)
-            yield _gauge("kiln_admission_max_waiting_requests", "Waiting requests past which new ones get 429.",
-                         gate.max_waiting_requests)
-            yield _gauge("kiln_admission_max_queued_prompt_tokens", "Queued prompt tokens past which new ones get 429.",
-                         gate.max_queued_tokens)
-            yield _counter("kiln_admission_admitted", "Requests (batch prompts count one each) admitted.",
-                           gate.admitted_total)
-            refused = CounterMetricFamily("kiln_admission_refused", "Requests refused with 429, by the limit hit.",
-                                          labels=["limit"])
-            for limit, n in gate.refused_by.items():
-                refused.add_metric([limit], n)
-            yield refused
+        gate = engine.admission
+        yield _gauge("kiln_admission_waiting_requests", "Admitted requests still waiting for their first token.",
+                     gate.waiting)
+        yield _gauge("kiln_admission_waiting_requests_peak", "Most requests ever waiting at once.",
+                     gate.peak_waiting)
+        yield _gauge("kiln_admission_queued_prompt_tokens", "Prompt tokens the waiting requests hold.",
+                     gate.queued_tokens)
+        yield _gauge("kiln_admission_max_waiting_requests", "Waiting requests past which new ones get 429.",
+                     gate.max_waiting_requests)
+        yield _gauge("kiln_admission_max_queued_prompt_tokens", "Queued prompt tokens past which new ones get 429.",
+                     gate.max_queued_tokens)
+        yield _counter("kiln_admission_admitted", "Requests (batch prompts count one each) admitted.",
+                       gate.admitted_total)
+        refused = CounterMetricFamily("kiln_admission_refused", "Requests refused with 429, by the limit hit.",
+                                      labels=["limit"])
+        for limit, n in gate.refused_by.items():
+            refused.add_metric([limit], n)
+        yield refused
 
-def _grammar_metrics(engine: Any) -> Iterator[Any]:
+
+def _grammar_metrics(engine: EngineView) -> Iterator[Any]:
     """Output grammars (kiln.engine.grammar): requests by kind, refusals by reason, compile and mask time."""
-    compiler = getattr(engine, "grammars", None)
-    runner = getattr(getattr(engine, "actor", None), "runner", None)
-    masks = getattr(runner, "grammar_counters", None)
-    if compiler is None or masks is None:
-        return
-    c = compiler.counters
+    c = masks = engine.grammar_counters()
     requests = CounterMetricFamily("kiln_structured_requests", "Requests with an output grammar, by kind.",
                                    labels=["kind"])
     for kind in KINDS:

@@ -1,4 +1,4 @@
-"""Graceful shutdown (issue 19.3): stop admitting, let running requests finish, checkpoint, flush, exit 0.
+"""Graceful shutdown: stop admitting, let running requests finish, checkpoint, flush, exit 0.
 
 `Lifecycle` lives on `ServerState.lifecycle`. Its ASGI middleware (`DrainMiddleware`) counts the API
 requests in flight (a stream counts until its last byte) and, once draining, answers every new one

@@ -7,7 +7,7 @@ what is served, with content hashes).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from kiln.api.state import ServerState
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.engine.serving import sampling_dict
 
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
+
 GB = 1024**3
 
 
@@ -24,7 +27,7 @@ def _gb(n: float) -> float:
     return round(n / GB, 4)
 
 
-def _memory(engine: Any) -> dict[str, Any]:
+def _memory(engine: EngineView) -> dict[str, Any]:
     """Accelerator memory; on a CPU device there is no VRAM (total 0, fraction null) and the model and
     KV sizes are the host memory they occupy."""
     mem = engine.memory()
@@ -59,13 +62,9 @@ def _training(state: ServerState) -> dict[str, Any]:
     return out
 
 
-def _cpu_kernels(engine: Any) -> dict[str, Any] | None:
-    report = getattr(engine, "cpu_kernels", None)
-    return report() if callable(report) else None
-
-
-def _cpu_isa(engine: Any) -> str | None:
-    return (_cpu_kernels(engine) or {}).get("isa")
+def _cpu_isa(engine: EngineView | None) -> str | None:
+    """The kernels' ISA in use; None while the model loads or off the CPU."""
+    return None if engine is None else (engine.cpu_kernels() or {}).get("isa")
 
 
 def health_view(state: ServerState) -> tuple[dict[str, Any], int]:
@@ -139,7 +138,7 @@ def config_view(state: ServerState) -> dict[str, Any]:
             "max_model_len": info.max_model_len, "num_blocks": info.num_blocks, "block_size": info.block_size,
             "backend": engine.backend,
             "cpu_isa": _cpu_isa(engine),
-            "cpu_kernels": _cpu_kernels(engine),
+            "cpu_kernels": engine.cpu_kernels(),
             "base_model_sha256": engine.identity.base_model_sha256 if engine.identity else None,
         }
         body["default_sampling"] = sampling_dict(info.default_sampling(settings))

@@ -1,5 +1,5 @@
 """Batched multi-adapter serving, measured: N streams spread over K adapters against N base-model
-streams in the same run (issue target: >= 0.7x).
+streams in the same run (target: >= 0.7x).
 
 The adapters are random rank-r LoRAs on every projection of the served model, written in PEFT format
 and uploaded through `POST /v1/adapters/upload`, so the server handles them exactly as a user's.

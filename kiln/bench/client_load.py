@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from kiln.bench.prompts import BenchPrompt
-from kiln.bench.stats import percentile
+from kiln.bench.stats import interpolated_percentile
 
 
 class BenchError(RuntimeError):
@@ -146,7 +146,7 @@ class LoadRun:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else None
 
     def latency_percentile(self, q: float) -> float | None:
-        return percentile(self.latencies_s, q)
+        return interpolated_percentile(self.latencies_s, q)
 
 
 async def concurrent_streams(endpoint: Endpoint, prompts: Sequence[BenchPrompt], concurrency: int,
@@ -178,7 +178,7 @@ class ItlRun:
     triggered_after_tokens: int  # fewest tokens any stream had produced when the long prompt was sent
 
     def gap_percentile(self, q: float) -> float | None:
-        return percentile(self.gaps_s, q)
+        return interpolated_percentile(self.gaps_s, q)
 
 
 async def streams_with_long_arrival(endpoint: Endpoint, stream_prompts: Sequence[BenchPrompt],

@@ -69,10 +69,6 @@ class BenchOptions:
             return (self.quantization,)
         return ("auto", "gguf") if Path(self.model_path).suffix == ".gguf" else ("auto",)
 
-    @property
-    def kiln_quantization(self) -> str:
-        return self.kiln_quantizations[0]
-
     def bench_isas(self, cpu_isas: list[str]) -> tuple[str, ...]:
         """The ISAs to measure: "native" (the CPU's best), and "avx2" when asked or, by default, when the
         CPU has AVX-512 (so both ISAs get ratios)."""

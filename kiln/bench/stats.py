@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
+def interpolated_percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default).
 
     None for no values: a measurement that produced nothing has no percentile, not a zero.
@@ -25,7 +25,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def median(values: Sequence[float]) -> float | None:
-    return percentile(values, 50.0)
+    return interpolated_percentile(values, 50.0)
 
 
 def speedup(value: float | None, reference: float | None, higher_is_better: bool) -> float | None:

@@ -18,7 +18,7 @@ import httpx
 
 from kiln.bench.client_load import BenchError, Endpoint, async_client, stream_chat
 from kiln.bench.prompts import BenchPrompt
-from kiln.bench.stats import percentile
+from kiln.bench.stats import interpolated_percentile
 
 QUESTION = "What is the capital of Zorbania?"
 FACT = "Quillton"
@@ -153,4 +153,4 @@ def itl_while_training(endpoint: Endpoint, prompts: list[BenchPrompt], max_token
             overlapped = _check(client.get(f"/v1/train/status/{job_id}"), "training status")["state"] == "running"
         finally:
             client.delete(f"/v1/train/jobs/{job_id}")
-    return TrainingItlRun(percentile(idle, 99), percentile(busy, 99), overlapped)
+    return TrainingItlRun(interpolated_percentile(idle, 99), interpolated_percentile(busy, 99), overlapped)

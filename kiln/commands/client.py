@@ -6,10 +6,16 @@ import json
 import os
 import sys
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8420"
+
+
+def path_segment(value: str) -> str:
+    """`value` quoted as one URL path segment: a name holding '/' or '?' still names one resource."""
+    return quote(value, safe="")
 
 
 def add_url_argument(parser) -> None:

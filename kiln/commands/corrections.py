@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from typing import Any
-from urllib.parse import quote
 
 from rich.table import Table
 
@@ -13,6 +12,7 @@ from kiln.commands.client import (
     ServerClient,
     ServerError,
     add_url_argument,
+    path_segment,
     run_client_command,
     table_console,
 )
@@ -72,9 +72,6 @@ def register(sub) -> None:
         add_url_argument(parser)
 
 
-def _q(segment: str) -> str:
-    return quote(segment, safe="")
-
 
 def _add(client: ServerClient, args) -> int:
     body: dict[str, Any] = {"corrected": {"role": "assistant", "content": args.corrected}}
@@ -129,12 +126,12 @@ def _list(client: ServerClient, args) -> int:
 
 
 def _show(client: ServerClient, args) -> int:
-    print(json.dumps(client.get(f"/v1/corrections/{_q(args.correction_id)}"), indent=2, ensure_ascii=False))
+    print(json.dumps(client.get(f"/v1/corrections/{path_segment(args.correction_id)}"), indent=2, ensure_ascii=False))
     return 0
 
 
 def _delete(client: ServerClient, args) -> int:
-    body = client.delete(f"/v1/corrections/{_q(args.correction_id)}")
+    body = client.delete(f"/v1/corrections/{path_segment(args.correction_id)}")
     print(f"deleted {body['id']}")
     return 0
 

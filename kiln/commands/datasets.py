@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import quote
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -16,6 +15,7 @@ from kiln.commands.client import (
     ServerClient,
     add_list_command,
     add_url_argument,
+    path_segment,
     print_json,
     printed_json,
     run_client_command,
@@ -61,9 +61,6 @@ def register(sub) -> None:
     for parser in (up, ls, show, sp, rm):
         add_url_argument(parser)
 
-
-def _q(segment: str) -> str:
-    return quote(segment, safe="")
 
 
 class ProgressReader:
@@ -126,19 +123,19 @@ def _list(client: ServerClient, args) -> int:
 
 
 def _show(client: ServerClient, args) -> int:
-    print_json(client.get(f"/v1/eval/datasets/{_q(args.name)}"))
+    print_json(client.get(f"/v1/eval/datasets/{path_segment(args.name)}"))
     if args.rows:
         params: dict[str, Any] = {"limit": args.rows}
         if args.split:
             params["split"] = args.split
-        body = client.get(f"/v1/eval/datasets/{_q(args.name)}/rows", params=params)
+        body = client.get(f"/v1/eval/datasets/{path_segment(args.name)}/rows", params=params)
         for row in body["rows"]:
             print(json.dumps(row, ensure_ascii=False))
     return 0
 
 
 def _split(client: ServerClient, args) -> int:
-    path = f"/v1/eval/datasets/{_q(args.name)}/split"
+    path = f"/v1/eval/datasets/{path_segment(args.name)}/split"
     changes = {k: getattr(args, k) for k in ("seed", "train_percent", "validation_percent")}
     manifest = client.get(path)
     if any(v is not None for v in changes.values()):
@@ -153,6 +150,6 @@ def _split(client: ServerClient, args) -> int:
 
 
 def _delete(client: ServerClient, args) -> int:
-    body = client.delete(f"/v1/eval/datasets/{_q(args.name)}")
+    body = client.delete(f"/v1/eval/datasets/{path_segment(args.name)}")
     print(f"{body['status']} {body['name']}")
     return 0

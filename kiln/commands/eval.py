@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 from rich.console import Console
@@ -26,6 +25,7 @@ from kiln.commands.client import (
     ServerClient,
     ServerError,
     add_url_argument,
+    path_segment,
     printed_json,
     run_client_command,
     table_console,
@@ -102,9 +102,6 @@ def register(sub) -> None:
         add_url_argument(parser)
 
 
-def _q(segment: str) -> str:
-    return quote(segment, safe="")
-
 
 def _seed(value: str | None) -> int | str | None:
     return int(value) if value is not None and value.isdigit() else value
@@ -172,7 +169,7 @@ def follow(client: ServerClient, job_id: str, *, quiet: bool = False) -> dict[st
         cancelled = False
         while True:
             try:
-                result = client.get(f"/v1/eval/jobs/{_q(job_id)}")
+                result = client.get(f"/v1/eval/jobs/{path_segment(job_id)}")
                 if result["state"] in TERMINAL and (result["state"] != "cancelled" or _settled(client, job_id)):
                     return result
                 p = result.get("progress")
@@ -187,7 +184,7 @@ def follow(client: ServerClient, job_id: str, *, quiet: bool = False) -> dict[st
                     raise
                 cancelled = True
                 console.print(f"cancelling {job_id} (Ctrl-C again to stop waiting)")
-                client.delete(f"/v1/eval/jobs/{_q(job_id)}")
+                client.delete(f"/v1/eval/jobs/{path_segment(job_id)}")
 
 
 def _settled(client: ServerClient, job_id: str) -> bool:
@@ -248,7 +245,7 @@ async def _run_remote(args) -> int:
     from kiln.evals.suite import parse_suite
 
     body = _suite_body(args.suite)
-    data = body.get("inline_suite") or ServerClient(args.url).get(f"/v1/eval/suites/{_q(body['suite'])}")
+    data = body.get("inline_suite") or ServerClient(args.url).get(f"/v1/eval/suites/{path_segment(body['suite'])}")
     suite = parse_suite(data)
     seed = effective_job_seed(parse_u64(args.seed) if args.seed is not None else None, suite.generation.seed)
     adapter = args.adapter or None
@@ -299,15 +296,15 @@ def _rerun(client: ServerClient, args) -> int:
         body["seed"] = _seed(args.seed)
     if args.kinds:
         body["outcome_kinds"] = args.kinds
-    return _submitted(client, args, client.post(f"/v1/eval/jobs/{_q(args.job)}/rerun", json=body))
+    return _submitted(client, args, client.post(f"/v1/eval/jobs/{path_segment(args.job)}/rerun", json=body))
 
 
 def _replay(client: ServerClient, args) -> int:
-    receipt = client.post(f"/v1/eval/jobs/{_q(args.job)}/replay", json={"run_index": args.run_index})
+    receipt = client.post(f"/v1/eval/jobs/{path_segment(args.job)}/replay", json={"run_index": args.run_index})
     status = _submitted(client, args, receipt)
     if args.no_follow:
         return status
-    verdict = client.get(f"/v1/eval/jobs/{_q(receipt['job_id'])}").get("replay_verdict") or {}
+    verdict = client.get(f"/v1/eval/jobs/{path_segment(receipt['job_id'])}").get("replay_verdict") or {}
     return 0 if verdict.get("status") == "matched" else 1
 
 
@@ -331,7 +328,7 @@ def _jobs(client: ServerClient, args) -> int:
 
 
 def _show(client: ServerClient, args) -> int:
-    result = client.get(f"/v1/eval/jobs/{_q(args.job)}")
+    result = client.get(f"/v1/eval/jobs/{path_segment(args.job)}")
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
@@ -340,7 +337,7 @@ def _show(client: ServerClient, args) -> int:
 
 
 def _cancel(client: ServerClient, args) -> int:
-    body = client.delete(f"/v1/eval/jobs/{_q(args.job)}")
+    body = client.delete(f"/v1/eval/jobs/{path_segment(args.job)}")
     print(f"{body['job_id']}: {body['status']}" + (f" ({body['note']})" if "note" in body else ""))
     return 0
 
@@ -359,7 +356,7 @@ def _report_entry(args) -> int:
         result = json.loads(path.read_text(encoding="utf-8"))
     else:
         try:
-            result = ServerClient(args.url).get(f"/v1/eval/jobs/{_q(args.job)}")
+            result = ServerClient(args.url).get(f"/v1/eval/jobs/{path_segment(args.job)}")
         except ServerError as e:
             e.print()
             return 1

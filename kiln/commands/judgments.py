@@ -6,7 +6,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from rich.table import Table
 
@@ -14,6 +13,7 @@ from kiln.commands.client import (
     ServerClient,
     add_list_command,
     add_url_argument,
+    path_segment,
     printed_json,
     run_client_command,
     table_console,
@@ -84,9 +84,6 @@ def _judgment_arguments(p) -> None:
     p.add_argument("--tag", action="append", default=[], dest="tags", help="a tag for the row (repeatable)")
 
 
-def _q(segment: str) -> str:
-    return quote(segment, safe="")
-
 
 def _bodies(args, *, default_winner: str | None = None) -> list[dict[str, Any]]:
     if args.file:
@@ -134,17 +131,17 @@ def _list(client: ServerClient, args) -> int:
 
 def _append(client: ServerClient, args) -> int:
     for body in _bodies(args):
-        resp = client.post(f"/v1/judgments/{_q(args.name)}/rows", json=body)
+        resp = client.post(f"/v1/judgments/{path_segment(args.name)}/rows", json=body)
         print(f"appended {resp['judgment_id']} ({resp['num_rows']} rows)")
     return 0
 
 
 def _delete(client: ServerClient, args) -> int:
     if args.row:
-        resp = client.delete(f"/v1/judgments/{_q(args.name)}/rows/{_q(args.row)}")
+        resp = client.delete(f"/v1/judgments/{path_segment(args.name)}/rows/{path_segment(args.row)}")
         print(f"deleted row {args.row} ({resp['num_rows']} rows left)")
     else:
-        resp = client.delete(f"/v1/judgments/{_q(args.name)}")
+        resp = client.delete(f"/v1/judgments/{path_segment(args.name)}")
         print(f"{resp['status']} {resp['name']}")
     return 0
 
@@ -160,7 +157,7 @@ def _compile(client: ServerClient, args) -> int:
     body: dict[str, Any] = {"output_dataset": args.output_dataset, "include_skips": args.include_skips}
     if args.holdout_n is not None:
         body["holdout_n"] = args.holdout_n
-    resp = client.post(f"/v1/judgments/{_q(args.name)}/compile", json=body)
+    resp = client.post(f"/v1/judgments/{path_segment(args.name)}/compile", json=body)
     print(f"compiled {resp['rows']} rows into {resp['dataset']['name']} "
           f"(first {resp['train_validation_split']} judgments; last {resp['holdout_n']} held out)")
     for warning in resp["warnings"]:
@@ -172,7 +169,7 @@ def _validate(client: ServerClient, args) -> int:
     body: dict[str, Any] = {"adapter": args.adapter}
     if args.holdout_n is not None:
         body["holdout_n"] = args.holdout_n
-    resp = client.post(f"/v1/judgments/{_q(args.name)}/validate", json=body)
+    resp = client.post(f"/v1/judgments/{path_segment(args.name)}/validate", json=body)
     judge = args.adapter or "the base model"
     print(f"queued eval job {resp['eval_job_id']} scoring {judge} on suite {resp['validation_suite']} "
           f"(seed {resp['effective_seed']}); follow it with `kiln eval show {resp['eval_job_id']}`")
@@ -182,7 +179,7 @@ def _validate(client: ServerClient, args) -> int:
 
 
 def _export(client: ServerClient, args) -> int:
-    resp = client.request("GET", f"/v1/judgments/{_q(args.name)}/export", params={"format": args.format})
+    resp = client.request("GET", f"/v1/judgments/{path_segment(args.name)}/export", params={"format": args.format})
     if args.output is None:
         sys.stdout.write(resp.text)
     else:

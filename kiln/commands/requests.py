@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from kiln.config import ConfigError, load_settings
-from kiln.data.traffic import DEFAULT_FINISH_REASONS, ExportFilter, ExportStats, parse_when, sft_rows
-from kiln.store.request_log import log_files, read_rows
+from kiln.traffic.export import DEFAULT_FINISH_REASONS, ExportFilter, ExportStats, parse_when, sft_rows
+from kiln.traffic.request_log import log_files, read_rows
 
 
 def register(sub) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 import threading
@@ -165,54 +166,34 @@ def _run(args) -> int:
     from kiln.api.access_log import configure_logging
 
     configure_logging(settings.server.log_level, settings.server.log_format)
+    # Imported here, not at the top: every `kiln` command builds its parser from this module, and only
+    # serving needs torch, the model and the web server. What uvicorn would import lazily once the
+    # model is loaded is imported now too, before minutes of work.
     import uvicorn
-
-    # what uvicorn would import lazily once the model is loaded, imported now, before minutes of work
     import uvicorn.loops.asyncio  # noqa: F401
     import uvicorn.protocols.http.h11_impl  # noqa: F401
 
-    from kiln.adapters.importing import import_lora_modules
-    from kiln.api.app import create_app
-    from kiln.api.services import ensure_adapters
-    from kiln.api.state import ServerState
-    from kiln.engine.serving import build_engine
+    from kiln.server import build_server
 
-    state = ServerState(settings=settings)
     try:
-        app = create_app(settings, state)
+        built = build_server(settings)
     except ConfigError as e:
         print(f"kiln serve: configuration error: {e}", file=sys.stderr)
         return 2
     _warn_if_exposed(settings)
-    from kiln.api.lifecycle import startup_sweep
-
-    _, live_locks = startup_sweep(state)  # noqa: F841 - held (shared) while the server lives
+    _, live_locks = built.sweep_stores()  # noqa: F841 - held (shared) while the server lives
     try:
-        for line in import_lora_modules(ensure_adapters(state), settings.model.lora_modules):
+        for line in built.import_lora_modules(settings.model.lora_modules):
             logging.getLogger("kiln").info("%s", line)
     except KilnError as e:
         print(f"kiln serve: --lora-modules: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 2
-    server = _server_class(uvicorn)(uvicorn_config(settings, app), state)
+    state = built.state
+    server = _server_class(uvicorn)(uvicorn_config(settings, built.app), state)
 
     def load() -> None:
-        import gc
-
-        from kiln.train.loop import warm_up_imports
-
-        threading.Thread(target=warm_up_imports, name="kiln-train-warm", daemon=True).start()
         try:
-            engine = build_engine(settings)
-            # the default adapter is restored before the engine is published: once /health says ready,
-            # requests get the adapter the last process served (and its state file is not mid-write)
-            state.attach_adapters(engine)
-            state.engine = engine
-            s = state.services
-            if s.training is not None and s.training.auto_resume:
-                from kiln.train.submission import resume_interrupted
-
-                resume_interrupted(s.training, state.engine, s.adapter_store, s.datasets, s.eval_suites,
-                                   s.judgments, s.teachers)
+            built.load_engine()
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             state.load_error = f"{type(e).__name__}: {e}"
@@ -227,15 +208,11 @@ def _run(args) -> int:
         # Measured, not understood: with 2 torch threads on CPU, decode ran ~10x slower (1 vs 13 tok/s on
         # SmolLM2) when the thread that loaded the weights either exited or became the actor itself.
         # Keeping it parked, with the actor on its own thread, is the fast arrangement.
-        state.engine.join()
+        state.require_engine().join()
 
     # Load in the background so /health can answer 503 while the weights load.
     threading.Thread(target=load, name="kiln-load", daemon=True).start()
     server.run()
-    recorder = state.services.recorder
-    if recorder is not None:
-        recorder.close()  # the request log writes what is queued
-    if state.engine is not None:
-        state.engine.shutdown()
+    built.close()
     logging.getLogger("kiln").info("kiln serve stopped")
     return 1 if state.load_error else 0

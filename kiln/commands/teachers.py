@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import quote
 
 from rich.table import Table
 
@@ -12,6 +11,7 @@ from kiln.commands.client import (
     ServerClient,
     add_list_command,
     add_url_argument,
+    path_segment,
     printed_json,
     run_client_command,
     table_console,
@@ -69,5 +69,5 @@ def _add(client: ServerClient, args) -> int:
 
 
 def _delete(client: ServerClient, args) -> int:
-    print(json.dumps(client.delete(f"/v1/teachers/{quote(args.alias, safe='')}")))
+    print(json.dumps(client.delete(f"/v1/teachers/{path_segment(args.alias)}")))
     return 0

@@ -13,12 +13,11 @@ import json
 import sys
 import time
 from typing import Any
-from urllib.parse import quote
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kiln.commands.client import ServerClient, ServerError
+from kiln.commands.client import ServerClient, ServerError, path_segment
 
 POLL_SECONDS = 0.5
 TERMINAL = ("completed", "failed", "cancelled")
@@ -33,9 +32,6 @@ EXIT_HELP = ("exit status: 0 when the job completed and its post-training gate (
              "regression, demoted or inconclusive (a rejection is printed, not an error); 1 when the job failed or "
              "was cancelled or the gate ended \"error\"; with --require-pass, 3 when the gate did not pass")
 
-
-def _q(job_id: str) -> str:
-    return quote(job_id, safe="")
 
 
 def follow(client: ServerClient, job_id: str) -> dict[str, Any]:
@@ -57,7 +53,7 @@ def _follow_training(client: ServerClient, job_id: str, progress: Progress, task
     cancelled = False
     while True:
         try:
-            status = client.get(f"/v1/train/status/{_q(job_id)}")
+            status = client.get(f"/v1/train/status/{path_segment(job_id)}")
             if status["state"] in TERMINAL:
                 return status
             loss, speed = status.get("current_loss"), status.get("tokens_per_sec")
@@ -71,9 +67,9 @@ def _follow_training(client: ServerClient, job_id: str, progress: Progress, task
                 raise
             cancelled = True
             # DELETE on a job that ended meanwhile would forget it, so look first.
-            if client.get(f"/v1/train/status/{_q(job_id)}")["state"] not in TERMINAL:
+            if client.get(f"/v1/train/status/{path_segment(job_id)}")["state"] not in TERMINAL:
                 console.print(f"cancelling {job_id} (Ctrl-C again to stop waiting)")
-                client.delete(f"/v1/train/jobs/{_q(job_id)}")
+                client.delete(f"/v1/train/jobs/{path_segment(job_id)}")
 
 
 def _decided(status: dict[str, Any], gated: bool) -> bool:
@@ -85,7 +81,7 @@ def _decided(status: dict[str, Any], gated: bool) -> bool:
 def _follow_post_eval(client: ServerClient, job_id: str, status: dict[str, Any], progress: Progress,
                       task: TaskID, console: Console) -> dict[str, Any]:
     """Wait while the gate is pending (or an ungated report has not arrived), showing the eval's progress."""
-    post_eval = client.get(f"/v1/train/jobs/{_q(job_id)}").get("post_eval")
+    post_eval = client.get(f"/v1/train/jobs/{path_segment(job_id)}").get("post_eval")
     if not post_eval:
         return status
     # The job may read "completed" a moment before its gate reads "pending": the request block decides.
@@ -104,7 +100,7 @@ def _follow_post_eval(client: ServerClient, job_id: str, status: dict[str, Any],
             if grace > REPORT_GRACE_POLLS:
                 break
             time.sleep(POLL_SECONDS)
-            status = client.get(f"/v1/train/status/{_q(job_id)}")
+            status = client.get(f"/v1/train/status/{path_segment(job_id)}")
     except KeyboardInterrupt:
         # Cancelling is over: the adapter is trained and the gate decides on its own.
         console.print(f"stopped following; the post-training eval goes on: kiln train status {job_id} --follow")
@@ -115,7 +111,7 @@ def _follow_post_eval(client: ServerClient, job_id: str, status: dict[str, Any],
 def _show_eval(client: ServerClient, eval_id: str, progress: Progress, task: TaskID) -> bool:
     """Draw the eval job's progress; True once it has ended (or is gone)."""
     try:
-        ev = client.get(f"/v1/eval/jobs/{_q(eval_id)}")
+        ev = client.get(f"/v1/eval/jobs/{path_segment(eval_id)}")
     except ServerError as e:
         if e.status == 404:
             return True
@@ -139,7 +135,7 @@ def exit_status(status: dict[str, Any], require_pass: bool = False) -> int:
 def report(status: dict[str, Any], *, as_json: bool, client: ServerClient, require_pass: bool = False) -> int:
     """Print the final job (a line, or its detail as JSON) and its post-training eval; return the exit status."""
     if as_json:
-        print(json.dumps(client.get(f"/v1/train/jobs/{_q(status['job_id'])}"), indent=2))
+        print(json.dumps(client.get(f"/v1/train/jobs/{path_segment(status['job_id'])}"), indent=2))
         return exit_status(status, require_pass)
     line = f"{status['job_id']}: {status['state']} - adapter {status['adapter_name']}"
     if status.get("current_loss") is not None:

@@ -1,4 +1,4 @@
-"""Bounded admission (issue 19.2): how much work may wait for the engine before new work is refused.
+"""Bounded admission: how much work may wait for the engine before new work is refused.
 
 A request waits from the moment it is admitted until its first event comes back (prefill done, or its
 score computed); while waiting it holds its prompt tokens against the token limit, once however many

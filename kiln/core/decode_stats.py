@@ -7,15 +7,16 @@ vLLM measures ITL: per sequence, not between unrelated streams). `GET /v1/stats/
 
 Throughput is decode tokens in the window over the span the samples cover (the start of the first
 counted token's gap to the last token), so a short burst reads as the speed the engine decoded at,
-not diluted by the idle rest of the window, as Kiln's Rust original reads it. Percentiles are nearest-rank over the samples in the window.
+not diluted by the idle rest of the window, as Kiln's Rust original reads it. Percentiles are nearest-rank over the samples in the window (kiln.core.percentile).
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass
+
+from kiln.core.percentile import percentile
 
 DEFAULT_WINDOW_SECS = 60.0
 # Bounds memory whatever the rate: at 1000 tok/s a 60 s window holds 60k samples.
@@ -72,19 +73,12 @@ class DecodeWindow:
         return DecodeSnapshot(
             tok_per_sec=_r(len(recent) / span) if span > 0 else 0.0,
             mean_itl_ms=_r(sum(itls) / len(itls)),
-            p50_itl_ms=_r(nearest_rank(itls, 50.0)),
-            p99_itl_ms=_r(nearest_rank(itls, 99.0)),
+            p50_itl_ms=_r(percentile(itls, 50.0) or 0.0),
+            p99_itl_ms=_r(percentile(itls, 99.0) or 0.0),
             sample_count=len(itls),
             window_secs=self.window_secs,
             span_secs=_r(span),
         )
-
-
-def nearest_rank(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return 0.0
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 def _r(x: float) -> float:

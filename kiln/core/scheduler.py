@@ -49,10 +49,6 @@ class SchedulerOutput:
     num_decodes: int = 0
     prefill_price: float = 0.0  # chunk_cost of the step's prompt chunks
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.items
-
 
 def _arrival_key(seq: Sequence) -> tuple[float, int]:
     return (seq.arrival_time, seq.seq_id)

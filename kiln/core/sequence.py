@@ -52,10 +52,6 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def last_token_id(self) -> int:
-        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
-
-    @property
     def num_remaining(self) -> int:
         """Tokens the next steps must feed before the model can sample again."""
         return self.num_tokens - self.num_computed_tokens

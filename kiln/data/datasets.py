@@ -25,7 +25,7 @@ from kiln.data.layout import MANIFEST_KEYS, SCHEMA_VERSION, link_or_copy, materi
 from kiln.data.split import SPLITS, SplitConfig, parse_split_config
 from kiln.errors import KilnError
 from kiln.store import dirswap
-from kiln.store.atomic import ensure_root
+from kiln.store.atomic import store_root
 from kiln.store.clock import utc_now_rfc3339
 from kiln.store.locks import resource_lock
 from kiln.store.names import name_problem
@@ -51,7 +51,7 @@ def check_split(split: Any) -> str:
 
 class DatasetStore:
     def __init__(self, root: str | Path) -> None:
-        self.root = ensure_root(root)
+        self.root = store_root(root)
         if self.root.is_dir():
             self.recover_all()
 

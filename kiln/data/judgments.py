@@ -21,7 +21,7 @@ from kiln.data.judgment_rows import JudgmentRow, judgment_invalid, row_from_body
 from kiln.data.preferences import EXPORT_FORMATS, JudgmentPairs, export_rows, pairs_from_judgments
 from kiln.errors import KilnError
 from kiln.store import dirswap
-from kiln.store.atomic import append_jsonl, atomic_write_bytes, atomic_write_json, ensure_root, read_jsonl
+from kiln.store.atomic import append_jsonl, atomic_write_bytes, atomic_write_json, read_jsonl, store_root
 from kiln.store.clock import utc_now_rfc3339
 from kiln.store.locks import resource_lock
 from kiln.store.names import name_problem
@@ -48,7 +48,7 @@ def check_judgment_name(name: Any, *, creating: bool = False) -> str:
 
 class JudgmentStore:
     def __init__(self, root: str | Path) -> None:
-        self.root = ensure_root(root)
+        self.root = store_root(root)
         if self.root.is_dir():
             for name in dirswap.scratch_names(self.root):
                 with resource_lock(self.root, name):

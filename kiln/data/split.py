@@ -205,9 +205,3 @@ def build_split_manifest(dataset_name: str, corpus: str, normalized_corpus: str,
 def split_manifest_bytes(manifest: dict[str, Any]) -> bytes:
     """The persisted bytes of split.json; its sha256 is the manifest's split_manifest_sha256."""
     return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def rows_from_manifest(manifest: dict[str, Any]) -> tuple[list[RowIdentity], list[str]]:
-    rows = [RowIdentity(r["row_number"], r["content_sha256"], r["normalized_sha256"],
-                        r.get("group_id"), r.get("session_id")) for r in manifest["rows"]]
-    return rows, [r["split"] for r in manifest["rows"]]

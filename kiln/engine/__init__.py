@@ -9,7 +9,7 @@ score_request does the same for prompt scoring; eval_generator is the eval `Gene
 Also: timing (per-request latency records), provenance (content identities), lora_slots and
 adapter_resolver (adapter revisions bound to bank slots).
 
-Imports: kiln.core, kiln.model, kiln.store, kiln.config / kiln.errors, and the evals protocol types
+Imports: kiln.core, kiln.model, kiln.store, kiln.adapters (the stored adapters it serves), kiln.config / kiln.errors, and the evals protocol types
 (kiln.evals.generator) for the generator; never kiln.api.
 """
 

@@ -278,7 +278,7 @@ class PreparedChat:
     adapter: AdapterTarget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
-    client_request_id: str | None = None   # the client's X-Request-Id (kiln.engine.records)
+    client_request_id: str | None = None   # the client's X-Request-Id (kiln.traffic.records)
     grammar: CompiledGrammar | None = None
     grammar_gate: list[int] | None = None   # a thinking prompt's grammar starts after these ids
 

@@ -17,7 +17,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.core.sampling import SamplingParams
 from kiln.engine.actor import GenerationRequest
@@ -26,6 +26,9 @@ from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.scoring import prompt_logprob_entries
 from kiln.engine.serving import Admission
 from kiln.errors import KilnError
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 
 @dataclass
@@ -61,7 +64,7 @@ class LegacyPlan:
         return generating or [sum(len(p.ids) for p in self.prompts)]
 
 
-async def run_legacy_completion(engine: Any, plan: LegacyPlan, *, timeout_s: float,
+async def run_legacy_completion(engine: EngineView, plan: LegacyPlan, *, timeout_s: float,
                                 admission: Admission | None = None) -> dict[str, Any]:
     """The response body minus `model` (which the caller names): choices in prompt-major order.
     `admission` (from `Engine.admit(plan.admission_tokens())`) is given back when the body is done."""
@@ -72,7 +75,7 @@ async def run_legacy_completion(engine: Any, plan: LegacyPlan, *, timeout_s: flo
             admission.release()
 
 
-async def _complete(engine: Any, plan: LegacyPlan, timeout_s: float, admission: Admission | None) -> dict[str, Any]:
+async def _complete(engine: EngineView, plan: LegacyPlan, timeout_s: float, admission: Admission | None) -> dict[str, Any]:
     outs = await _generate(engine, plan, admission if any(m > 0 for m in plan.max_tokens) else None)
     choices = []
     completion_tokens = 0
@@ -92,7 +95,7 @@ async def _complete(engine: Any, plan: LegacyPlan, timeout_s: float, admission: 
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-async def _generate(engine: Any, plan: LegacyPlan, admission: Admission | None) -> list[list[LegacyChoiceOut]]:
+async def _generate(engine: EngineView, plan: LegacyPlan, admission: Admission | None) -> list[list[LegacyChoiceOut]]:
     outs = [[LegacyChoiceOut() for _ in range(plan.n)] for _ in plan.prompts]
     requests: list[GenerationRequest] = []
     index: list[int] = []
@@ -120,7 +123,7 @@ async def _generate(engine: Any, plan: LegacyPlan, admission: Admission | None) 
     return outs
 
 
-async def _logprobs(engine: Any, prompt: LegacyPrompt, out: LegacyChoiceOut, plan: LegacyPlan,
+async def _logprobs(engine: EngineView, prompt: LegacyPrompt, out: LegacyChoiceOut, plan: LegacyPlan,
                     timeout_s: float) -> dict[str, Any]:
     """OpenAI's `logprobs` object over the echoed prompt (first token: null) and the generated tokens."""
     k = plan.logprobs or 0

@@ -6,13 +6,16 @@ kiln.engine.legacy_completion.run_legacy_completion.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.core.sampling import resolve_sampling, validate_sampling
 from kiln.engine.chat_request import compile_output_grammar
 from kiln.engine.legacy_completion import LegacyPlan, LegacyPrompt
 from kiln.engine.model_selection import select_model
 from kiln.errors import KilnError
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 CODE = "completion_invalid_request"
 PREFIX = "Invalid completion request: "
@@ -33,7 +36,7 @@ def check_token_ids(ids: list[int], vocab: int, param: str, code: str, prefix: s
                             param=f"{param}[{i}]", hint="Send token ids this model's tokenizer produces.")
 
 
-def prepare_legacy(engine: Any, req: Any, adapter_store: Any, eval_mode: bool) -> tuple[LegacyPlan, str]:
+def prepare_legacy(engine: EngineView, req: Any, adapter_store: Any, eval_mode: bool) -> tuple[LegacyPlan, str]:
     """(the plan, the model id the response names) for a validated LegacyCompletionRequest."""
     if req.best_of is not None and req.best_of != req.n:
         raise _bad("best_of other than n is not supported", "best_of", "Leave best_of out.")
@@ -65,7 +68,7 @@ def prepare_legacy(engine: Any, req: Any, adapter_store: Any, eval_mode: bool) -
                       grammar=grammar), selection.model_id
 
 
-def _prompts(engine: Any, req: Any) -> list[LegacyPrompt]:
+def _prompts(engine: EngineView, req: Any) -> list[LegacyPrompt]:
     raw = req.prompts()
     if not raw:
         raise _bad("prompt is empty", "prompt", "Send a string, a list of strings, or token ids.")

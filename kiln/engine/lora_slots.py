@@ -64,9 +64,6 @@ class LoraSlots:
         if slot and self._refs.get(slot, 0) > 0:
             self._refs[slot] -= 1
 
-    def in_use(self) -> dict[str, int]:
-        return {"slots": len(self._slot_of), "pinned": sum(1 for r in self._refs.values() if r > 0)}
-
     def _free_slot(self, rank: int) -> int:
         bank = self.bank
         if bank is None:

@@ -16,10 +16,11 @@ Timestamps:
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from kiln.core.percentile import percentile
 
 # Retained inter-token gaps per request (RequestLatencyDiagnostics.retained_gap_samples <= 8192).
 MAX_GAP_SAMPLES = 8192
@@ -237,14 +238,6 @@ class RequestTimeline:
             "stall_reasons": reasons,
             "phases": self.phases(total_ms),
         }
-
-
-def percentile(ordered: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list; None when empty."""
-    if not ordered:
-        return None
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 def decode_tokens_per_sec(tokens: int, decode_ms: float | None, total_ms: float, ttft_ms: float | None) -> float:

@@ -5,17 +5,20 @@ serializes what these return.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.engine.legacy_request import check_token_ids
 from kiln.errors import KilnError
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 TOKENIZE_CODE = "tokenize_invalid_request"
 TOKENIZE_PREFIX = "Invalid tokenize request: "
 DETOKENIZE_PREFIX = "Invalid detokenize request: "
 
 
-def tokenizer_info(engine: Any) -> dict[str, Any]:
+def tokenizer_info(engine: EngineView) -> dict[str, Any]:
     tok = engine.tokenizer
     info: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -28,7 +31,7 @@ def tokenizer_info(engine: Any) -> dict[str, Any]:
     return info
 
 
-def tokenize(engine: Any, body: Any) -> dict[str, Any]:
+def tokenize(engine: EngineView, body: Any) -> dict[str, Any]:
     """A validated TokenizeRequest -> {count, max_model_len, tokens[, token_strs]}."""
     prefix = TOKENIZE_PREFIX
     if (body.prompt is None) == (body.messages is None):
@@ -51,6 +54,6 @@ def tokenize(engine: Any, body: Any) -> dict[str, Any]:
     return out
 
 
-def detokenize(engine: Any, tokens: list[int]) -> dict[str, Any]:
+def detokenize(engine: EngineView, tokens: list[int]) -> dict[str, Any]:
     check_token_ids(tokens, engine.tokenizer.vocab_size, "tokens", TOKENIZE_CODE, DETOKENIZE_PREFIX)
     return {"prompt": engine.tokenizer.decode(tokens)}

@@ -1,4 +1,4 @@
-"""The eval job queue: admission caps, one background worker, cancel/delete, archives (§8.10, §8.11).
+"""The eval job queue: queue caps, one background worker, cancel/delete, archives (§8.10, §8.11).
 
 Jobs run one at a time on the server's event loop (the worker is an asyncio task started by the
 first request that needs it); inside a job, a run sends all of its completions to the generator at
@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kiln.errors import KilnError
-from kiln.evals.admission import AdmissionContext, admit_run, judge_targets_for
 from kiln.evals.compare import adapter_label
 from kiln.evals.generator import Generator
+from kiln.evals.intake import IntakeContext, job_for_run, judge_targets_for
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.jobs import EvalJob
 from kiln.evals.replay import replay_verdict
@@ -39,7 +39,7 @@ def job_not_found(job_id: str) -> KilnError:
 
 
 class EvalJobManager:
-    def __init__(self, store: EvalJobStore, ctx: AdmissionContext, generator: Callable[[], Generator], *,
+    def __init__(self, store: EvalJobStore, ctx: IntakeContext, generator: Callable[[], Generator], *,
                  max_queued_jobs: int = 32, max_tracked_jobs: int = 1024) -> None:
         self.store = store
         self.ctx = ctx
@@ -68,7 +68,7 @@ class EvalJobManager:
             self._sequence = max(self._sequence, job.sequence)
         return len(self.jobs)
 
-    def ensure_started(self) -> None:
+    def start_worker(self) -> None:
         """Start the worker on the running loop (again, if an earlier loop went away)."""
         loop = asyncio.get_running_loop()
         if self._task is not None and not self._task.done() and self._loop is loop:
@@ -83,14 +83,14 @@ class EvalJobManager:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    # -- admission ----------------------------------------------------------------------------------
+    # -- intake -------------------------------------------------------------------------------------
     def generator(self) -> Generator:
         return self.generator_factory()
 
     def submit(self, job: EvalJob | Mapping[str, Any]) -> EvalJob:
         """Queue a job; a mapping is read as an EvalRunRequest body (how other routers queue runs)."""
         if not isinstance(job, EvalJob):
-            job = admit_run(self.ctx, parse_run_request(dict(job)))
+            job = job_for_run(self.ctx, parse_run_request(dict(job)))
         if len(self._queue) >= self.max_queued_jobs:
             raise KilnError(503, "eval_queue_full", f"the eval queue is full ({self.max_queued_jobs} jobs waiting)",
                             hint="Retry after the running jobs finish, or cancel queued ones.", headers=RETRY_AFTER)
@@ -110,7 +110,7 @@ class EvalJobManager:
         if self._wake is not None:
             self._wake.set()
         with contextlib.suppress(RuntimeError):  # no running loop: the next request starts the worker
-            self.ensure_started()
+            self.start_worker()
         return job
 
     # -- queries ------------------------------------------------------------------------------------

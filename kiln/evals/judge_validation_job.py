@@ -9,7 +9,7 @@ from typing import Any
 from kiln.data.judge_validation import ValidationPlan, plan_validation
 from kiln.data.judgment_rows import JudgmentRow
 from kiln.data.judgments import JudgmentStore
-from kiln.evals.admission import admit_run
+from kiln.evals.intake import job_for_run
 from kiln.evals.requests import RunRequest
 from kiln.evals.suite import parse_suite
 
@@ -25,9 +25,9 @@ async def queue_judge_validation(jobs: Any, store: JudgmentStore, name: str, ada
     plan = await asyncio.to_thread(validation_plan, store, name, holdout_n)
     # Inline, like POST /v1/eval/run with inline_suite: nothing is registered, so a user's suite of the
     # same name is never overwritten and the job carries the exact suite it scored.
-    job = admit_run(jobs.ctx, RunRequest(inline_suite=parse_suite(plan.suite), adapter=adapter))
+    job = job_for_run(jobs.ctx, RunRequest(inline_suite=parse_suite(plan.suite), adapter=adapter))
     jobs.generator()  # 503 while the model loads
-    jobs.ensure_started()
+    jobs.start_worker()
     job = jobs.submit(job)
     return {"status": "queued", "eval_job_id": job.job_id, "effective_seed": str(job.effective_seed),
             "validation_suite": plan.suite_name, "warnings": plan.warnings}

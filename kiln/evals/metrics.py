@@ -15,7 +15,7 @@ from kiln.evals.scorers import tool_call
 from kiln.evals.scorers.all_of import AllSpec
 from kiln.evals.scorers.any_of import AnySpec
 from kiln.evals.scorers.base import ERROR, FAIL, INVALID, PASS
-from kiln.evals.stats import nearest_rank, wilson_interval
+from kiln.evals.stats import value_at_rounded_rank, wilson_interval
 
 U64_MAX = (1 << 64) - 1
 NO_TOOL = "<none>"
@@ -54,9 +54,9 @@ def latency_stats(values: Sequence[float]) -> dict[str, float]:
     if not finite:
         return {"p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0, "mean_ms": 0.0, "max_ms": 0.0}
     return {
-        "p50_ms": nearest_rank(finite, 0.50),
-        "p90_ms": nearest_rank(finite, 0.90),
-        "p99_ms": nearest_rank(finite, 0.99),
+        "p50_ms": value_at_rounded_rank(finite, 0.50),
+        "p90_ms": value_at_rounded_rank(finite, 0.90),
+        "p99_ms": value_at_rounded_rank(finite, 0.99),
         "mean_ms": sum(finite) / len(finite),
         "max_ms": finite[-1],
     }
@@ -69,8 +69,8 @@ def reasoning_length_stats(raw: Sequence[ExampleOutcome]) -> dict[str, Any]:
     return {
         "num_with_thinking": len(lengths),
         "mean_chars": sum(lengths) / len(lengths),
-        "p50_chars": int(nearest_rank(lengths, 0.50)),
-        "p90_chars": int(nearest_rank(lengths, 0.90)),
+        "p50_chars": int(value_at_rounded_rank(lengths, 0.50)),
+        "p90_chars": int(value_at_rounded_rank(lengths, 0.90)),
         "max_chars": lengths[-1],
     }
 

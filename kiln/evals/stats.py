@@ -55,7 +55,7 @@ def round_half_away(x: float) -> int:
     return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
 
 
-def nearest_rank(sorted_values: list[float], q: float) -> float:
+def value_at_rounded_rank(sorted_values: list[float], q: float) -> float:
     """Value at index round(q * (n - 1)) of an ascending list; 0 for an empty one."""
     if not sorted_values:
         return 0.0

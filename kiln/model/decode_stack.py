@@ -11,8 +11,9 @@ outputs are per output row, so fusing changes no value.
 The stack runs all decoder layers of a step in one call when every token of it attends on the
 kernels' paged attention: decodes, and prompt chunks whose queries all sit below the kernels' line
 (kernels.chunk_attention_kernel_positions). It needs every layer fused and
-its other projections packed (q4_1 / q8_0) or every one tiled (bf16), and no q/k norm (qwen3 keeps
-the Python path).
+its other projections packed (q4_1 / q8_0 / K-quants) or every one tiled (bf16), and no q/k norm (qwen3
+keeps the Python path). Packed projections of one input in different formats (a Q4_K_M layer's Q4_K
+q/k beside its Q6_K v) cannot fuse: the stack runs them as parts and concatenates their outputs.
 """
 
 from __future__ import annotations
@@ -74,29 +75,45 @@ def build_decode_stack(model: Transformer, module: ModuleType) -> Any | None:
     fuse_projections(model)
     layers = list(model.model.layers)
     attr = _weight_attr([layers[0].self_attn.o_proj]) if layers else None
+    groups: list[list[SimpleNamespace]] = []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        groups = [attn.fused_qkv, mlp.fused_gate_up]
-        if any(g is None or isinstance(g.weight, PackedWeight) != (attr == "packed") for g in groups):
+        qkv = _group_projection(attn.fused_qkv, [attn.q_proj, attn.k_proj, attn.v_proj], attr)
+        gate_up = _group_projection(mlp.fused_gate_up, [mlp.gate_proj, mlp.up_proj], attr)
+        if qkv is None or gate_up is None:
             return None
         if _weight_attr([attn.o_proj, mlp.down_proj]) != attr:
             return None
         if attr == "packed" and any(not getattr(lin, attr).qs.is_cpu for lin in (attn.o_proj, mlp.down_proj)):
             return None
+        groups.append([qkv, gate_up])
     stack = module.DecodeStack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.rms_norm_eps)
-    for layer in layers:
+    for layer, (qkv, gate_up) in zip(layers, groups, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
-        projections = [_projection(attn.fused_qkv.weight, attn.fused_qkv.bias),
-                       _projection(getattr(attn.o_proj, attr), attn.o_proj.bias),
-                       _projection(mlp.fused_gate_up.weight, mlp.fused_gate_up.bias),
-                       _projection(getattr(mlp.down_proj, attr), mlp.down_proj.bias)]
+        projections = [qkv, _projection(getattr(attn.o_proj, attr), attn.o_proj.bias),
+                       gate_up, _projection(getattr(mlp.down_proj, attr), mlp.down_proj.bias)]
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         projections)
     head = _head_projection(model)
     if head is not None:
         stack.set_head(model.model.norm.weight.detach(), head)
     return stack
+
+
+def _group_projection(fused: FusedProjection | None, linears: list[torch.nn.Linear],
+                      attr: str | None) -> SimpleNamespace | None:
+    """What the stack multiplies a group of projections of one input with: their fused weight, or
+    for packed weights of different kinds (a Q4_K_M layer's Q4_K q/k beside its Q6_K v) the parts
+    side by side, their outputs concatenated (each output row's value is the same either way)."""
+    if fused is not None:
+        return _projection(fused.weight, fused.bias) if isinstance(fused.weight, PackedWeight) == (attr == "packed") \
+            else None
+    if attr != "packed" or _weight_attr(linears) != "packed" or any(not lin.packed.qs.is_cpu for lin in linears):
+        return None
+    parts = [_projection(lin.packed, lin.bias) for lin in linears]
+    return SimpleNamespace(kind="parts", parts=parts, out_features=sum(p.out_features for p in parts),
+                           in_features=parts[0].in_features, bias=None, float_act=False)
 
 
 def _head_projection(model: Transformer) -> SimpleNamespace | None:

@@ -100,7 +100,9 @@ def attach_dense_tiles(model: nn.Module, packed: dict[str, PackedWeight] | None 
     for name, m in linears:
         m.dense_tiles = tile_weight(m.weight)
         pw = packed.get(f"{name}.weight") if use_codes and packed else None
-        if pw is not None and pw.in_features % GROUP == 0 and pw.out_features == m.dense_tiles.out_features:
+        # (K-quant blocks have no 4/8-bit codes of the dense kernel: their tiles serve dense)
+        if (pw is not None and not pw.is_kquant and pw.in_features % GROUP == 0
+                and pw.out_features == m.dense_tiles.out_features):
             codes, scales, kind = code_weight(pw.codes())
             decoded = module.decode_coded_tiles(codes, scales, kind, pw.out_features, pw.in_features)
             if torch.equal(decoded.view(torch.int16), m.dense_tiles.tiles.view(torch.int16)):

@@ -12,12 +12,13 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from torch import Tensor
 
+from kiln.model import kquant
 from kiln.model.config import ModelConfig, UnsupportedModelError
 from kiln.model.gguf_file import GGUFTensor, read_gguf
-from kiln.model.quant import pack_q4_0_from_gguf, pack_q4_1_from_gguf, pack_q8_0_from_gguf
+from kiln.model.quant import PackedWeight, pack_q4_0_from_gguf, pack_q4_1_from_gguf, pack_q8_0_from_gguf
 
 Q = GGMLQuantizationType
-SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K)
+SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -57,11 +58,15 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
 
 
 def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = None,
+              types: dict[str, str] | None = None, kquants: bool = True,
               ) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
     """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`.
 
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
-    repacked bit-exactly for the quantized kernels (kiln.model.quant), under their HF names."""
+    repacked bit-exactly for the quantized kernels (kiln.model.quant), and Q4_K / Q5_K / Q6_K ones
+    (whole superblocks of 256 along K) keep their blocks as tiles (kiln.model.kquant), under their
+    HF names (K-quants only with `kquants`). With `types` (a dict to fill): each HF-named tensor's GGUF
+    type ("Q4_K", "F32", ...)."""
     gguf = read_gguf(path)
     metadata = gguf.metadata
     config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
@@ -89,15 +94,31 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
             w = unpermute_qk(w, heads)
         name = hf_name(t.name)
         tensors[name] = w.to(dtype)
-        if packed is not None and len(t.shape) == 2 and t.qtype in _PACKERS:
-            pw = _PACKERS[t.qtype](t.data, t.shape)
-            if heads is not None:
-                pw = pw.select_rows(unpermute_qk(torch.arange(t.shape[0]), heads))
-            packed[name] = pw
+        if types is not None:
+            types[name] = t.qtype.name
+        if packed is not None and len(t.shape) == 2:
+            pw = pack_gguf_tensor(t, heads) if kquants or t.qtype not in _K_KINDS else None
+            if pw is not None:
+                packed[name] = pw
     return config, tensors, metadata
 
 
 _PACKERS = {Q.Q4_0: pack_q4_0_from_gguf, Q.Q4_1: pack_q4_1_from_gguf, Q.Q8_0: pack_q8_0_from_gguf}
+_K_KINDS = {Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k"}
+
+
+def pack_gguf_tensor(t: GGUFTensor, heads: int | None = None) -> PackedWeight | None:
+    """The 2-D tensor `t`'s blocks as a kernel weight, or None for a type the kernels do not take
+    (F16/F32, a K-quant whose K is not whole superblocks). `heads`: undo llama.cpp's Q/K row order."""
+    rows = None if heads is None else unpermute_qk(torch.arange(t.shape[0]), heads)
+    if t.qtype in _K_KINDS:
+        if t.shape[1] % kquant.SUPER:
+            return None
+        return kquant.pack_from_gguf(_K_KINDS[t.qtype], t.data, t.shape, rows)
+    if t.qtype not in _PACKERS:
+        return None
+    pw = _PACKERS[t.qtype](t.data, t.shape)
+    return pw if rows is None else pw.select_rows(rows)
 
 
 def dequantize_tensor(t: GGUFTensor) -> Tensor:

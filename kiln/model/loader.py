@@ -49,6 +49,10 @@ class LoadedWeights:
     # HF name -> PackedWeight for the quantized kernels (empty: the dense weights serve)
     packed: dict[str, Any] = field(default_factory=dict)
     quantization: str = "none"
+    # HF name -> the GGUF tensor type it was stored as ("Q4_K", "F32", ...); empty for HF checkpoints
+    tensor_types: dict[str, str] = field(default_factory=dict)
+    # what load_model serves each GGUF type with (describe_served_weights), for the startup log
+    served: str = ""
 
 
 def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -57,16 +61,19 @@ def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") 
     return resolve_torch_dtype(dtype)
 
 
-def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False) -> LoadedWeights:
+def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False,
+                 keep_kquants: bool = True) -> LoadedWeights:
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
-    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels."""
+    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
+    Q4_K/Q5_K/Q6_K ones unless `keep_kquants` is False."""
     p = Path(path)
     torch_dtype = resolve_dtype(dtype)
     if p.is_file() and p.suffix == ".gguf":
         packed: dict[str, Any] | None = {} if keep_quantized else None
-        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed)
-        return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {})
+        types: dict[str, str] = {}
+        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types, kquants=keep_kquants)
+        return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {}, tensor_types=types)
     if p.is_dir():
         return _load_hf_dir(p, torch_dtype)
     if not p.exists():
@@ -76,7 +83,10 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
 
 QUANTIZATIONS = ("auto", "none", "gguf", "gguf-float", "q8_0", "q4_1")
 # GGUF block types the CPU kernels multiply with as they are
-PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
+PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+# K-quant blocks (served from their blocks with float activations only; the dense kernel's codes
+# cannot rebuild them, so dense bfloat16 streams 3-4x their bytes every decode step)
+KQUANT_GGUF_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})
 
 
 def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -> str:
@@ -90,24 +100,32 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     would take longer than llama-server's whole token (270 MB a token at 24 GB/s on a 2-core Zen 2),
     and where rebuilding bfloat16 from the blocks costs an Intel core more than the float32 products
     (on the Intel Xeon of benchmarks/RESULTS.md one stream 129 -> 173 tok/s, 8 streams 275 -> 296, 16-64
-    streams 1-4% fewer). Anything else: the dense weights."""
+    streams 1-4% fewer). Anything else: the dense weights.
+
+    A GGUF whose projections are mostly K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files) serves them from
+    their blocks ("gguf-float") on every CPU the kernels run on: the dense kernel's codes cannot
+    rebuild them, so dense bfloat16 would stream 3-4x the blocks' bytes every decode step."""
     p = Path(path)
     if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
         return "none"
     # (_bf16_decode_wins first: it loads the kernels, so a failed build reads as no kernels below)
-    if _bf16_decode_wins() or not kernels.dense_bf16_fast():
+    bf16_wins = _bf16_decode_wins()
+    if not kernels.dense_bf16_fast():
         return "none"
     import gguf
 
     reader = gguf.GGUFReader(str(p))
-    packable = total = 0
+    packable = kquants = total = 0
     for t in reader.tensors:
         if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
             total += int(t.n_elements)
             packable += int(t.n_elements) if t.tensor_type.name in PACKABLE_GGUF_TYPES else 0
+            kquants += int(t.n_elements) if t.tensor_type.name in KQUANT_GGUF_TYPES else 0
+    if total and kquants * 2 >= total:
+        return "gguf-float"
     # most of the layers' weights in blocks the kernels take (a projection whose K is not whole groups of
     # 32 stays dense, as GGUF writers store it unquantized)
-    return "gguf-float" if total and packable * 2 >= total else "none"
+    return "gguf-float" if not bf16_wins and total and packable * 2 >= total else "none"
 
 
 def _bf16_decode_wins() -> bool:
@@ -120,13 +138,17 @@ def auto_quantization_reason(resolved: str) -> str | None:
     """Why "auto" resolved to `resolved` on this CPU, in a sentence for the startup log (None where
     there is nothing to explain: a GPU, a dense model, no kernels)."""
     isa = kernels.active_isa()
+    if resolved == "gguf-float" and _bf16_decode_wins():
+        return ("auto serves the GGUF's K-quant blocks with float32 activations (gguf-float): dense bfloat16 "
+                "cannot be rebuilt from them and would stream 3-4x their bytes a decode step; "
+                "--quantization none serves dense bfloat16")
     if resolved == "gguf-float":
         why = ("this CPU's vdpbf16ps runs at half its float32 FMAs' rate (Intel AVX512-BF16)"
                if isa == "avx512" and codes_serve_here() else f"no native bfloat16 dot products on the {isa} kernels")
-        return (f"auto serves the GGUF's Q4/Q8 blocks with float32 activations (gguf-float): {why}; "
+        return (f"auto serves the GGUF's quantized blocks with float32 activations (gguf-float): {why}; "
                 "--quantization none serves dense bfloat16, gguf llama.cpp's 8-bit activations")
     if resolved == "none" and _bf16_decode_wins():
-        return ("auto serves dense bfloat16 (decode rebuilds it from the GGUF's blocks): this CPU's vdpbf16ps "
+        return ("auto serves dense bfloat16 (decode rebuilds Q4_0/Q4_1/Q8_0 weights from their blocks): this CPU's vdpbf16ps "
                 "outpaces its float32 FMAs; --quantization gguf-float keeps the blocks with float32 activations")
     return None
 
@@ -164,7 +186,9 @@ def load_model(
     # (kiln/model/dense_tiles.py), the same bits from a third of the bytes
     dense_codes = quantization == "none" and on_cpu and torch_dtype == torch.bfloat16 and codes_serve_here()
     weights = load_weights(path, torch_dtype,
-                           keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu)
+                           keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu,
+                           # the dense kernel's codes rebuild Q4_0/Q4_1/Q8_0 only: K-quants would be packed for nothing
+                           keep_kquants=quantization in ("gguf", "gguf-float"))
     codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
@@ -186,7 +210,36 @@ def load_model(
     fuse_projections(model)
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
+    if weights.tensor_types:
+        weights.served = describe_served_weights(weights.tensor_types, _served_map(model))
     return model, weights
+
+
+def served_with(module: torch.nn.Module) -> str:
+    """How the serving path multiplies with a projection's weight, in words for the startup log."""
+    pw = getattr(module, "packed", None)
+    if pw is not None:
+        acts = "float32" if pw.float_act else "8-bit"
+        return f"its blocks as {pw.kind}, {acts} activations"
+    tiles = getattr(module, "dense_tiles", None)
+    if tiles is not None:
+        return "dense bfloat16 (decode rows from its blocks' codes)" if tiles.coded else "dense bfloat16"
+    return f"dense {str(module.weight.dtype).removeprefix('torch.')} (torch)"
+
+
+def describe_served_weights(types: dict[str, str], served: dict[str, str]) -> str:
+    """One line: for each GGUF type of the projections and the LM head, how many tensors serve how
+    (`types`: HF name -> GGUF type; `served`: HF name -> `served_with`'s words)."""
+    counts: dict[tuple[str, str], int] = {}
+    for name, how in served.items():
+        key = (types.get(name, "tied to token_embd" if name == "lm_head.weight" else "?"), how)
+        counts[key] = counts.get(key, 0) + 1
+    return "; ".join(f"{t} x{n}: {how}" for (t, how), n in sorted(counts.items()))
+
+
+def _served_map(model: Transformer) -> dict[str, str]:
+    return {f"{name}.weight": served_with(m) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and (name.endswith("_proj") or name == "lm_head")}
 
 
 def _tie_head(packed: dict[str, Any], tied: bool) -> None:

@@ -12,6 +12,11 @@ Tiled layout (N padded to tiles of 16 output rows; G = ceil(K / 32) groups; r = 
 - q8_0 (value = d*q, q in -128..127): `qs` uint8 `[T, G, 512]`, byte `c*64 + r*4 + i` = q[r, 4c+i] + 128;
   `scales` float16 `[T, G, 16]`.
 GGUF Q4_1 / Q8_0 repack exactly (same float16 d, m and codes); Q4_0 (d*(q-8)) becomes d, m = -8d.
+
+K-quants ("q4_k", "q5_k", "q6_k": GGUF Q4_K / Q5_K / Q6_K, superblocks of 256 along K) keep their own
+bytes, moved into tiles of 16 rows (kernels/qlinear_kquant.cpp documents the layout) by a fixed byte
+permutation of the 16 rows' superblocks (kiln/model/kquant.py): the same 4.5 / 5.5 / 6.5625 bits a
+weight, multiplied with float activations only.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from torch import Tensor
 
 from kiln.model import kernels
 
-Kind = Literal["q4_1", "q8_0"]
+Kind = Literal["q4_1", "q8_0", "q4_k", "q5_k", "q6_k"]
 GROUP = 32
 TILE_ROWS = 16
-_KIND_IDS = {"q4_1": 0, "q8_0": 1}
+_KIND_IDS = {"q4_1": 0, "q8_0": 1, "q4_k": 0, "q5_k": 1, "q6_k": 2}
+K_KINDS = frozenset({"q4_k", "q5_k", "q6_k"})
 _TINY_AMAX = 1e-30   # activation groups below this quantize to zero (as in the kernel)
 
 
@@ -70,11 +76,22 @@ class PackedWeight:
     def device(self) -> torch.device:
         return self.qs.device
 
+    @property
+    def is_kquant(self) -> bool:
+        return self.kind in K_KINDS
+
     def codes(self) -> QuantCodes:
+        if self.is_kquant:
+            raise ValueError(f"{self.kind} weights have no q4_1 / q8_0 codes")
         return _untile(self)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """`[out_features, in_features]`; values are computed in float32 (d*q + m), then cast."""
+        """`[out_features, in_features]`; values are computed in float32 (d*q + m), then cast (K-quants:
+        as gguf.quants.dequantize computes them)."""
+        if self.is_kquant:
+            from kiln.model import kquant
+
+            return kquant.dequantize(self).to(dtype)
         c = self.codes()
         n, g = c.d.shape
         q = c.q.reshape(n, g, GROUP).float()
@@ -85,6 +102,10 @@ class PackedWeight:
 
     def select_rows(self, index: Tensor | Sequence[int]) -> PackedWeight:
         """The output rows `index` (any order, e.g. undoing llama.cpp's Q/K permutation)."""
+        if self.is_kquant:
+            from kiln.model import kquant
+
+            return kquant.select_rows(self, index)
         c = self.codes()
         idx = torch.as_tensor(index, dtype=torch.long, device=c.q.device)
         m = None if c.m is None else c.m[idx]
@@ -159,6 +180,10 @@ def concat_packed(parts: Sequence[PackedWeight]) -> PackedWeight:
         qs = torch.cat([p.qs for p in parts])
         scales = torch.cat([p.scales for p in parts])
         return PackedWeight(first.kind, n, first.in_features, qs, scales, first.float_act)
+    if first.is_kquant:
+        from kiln.model import kquant
+
+        return kquant.concat(parts)
     codes = [p.codes() for p in parts]
     m = None if first.kind == "q8_0" else torch.cat([c.m for c in codes])  # type: ignore[misc]
     out = _tile(QuantCodes(first.kind, first.in_features, torch.cat([c.q for c in codes]),
@@ -281,6 +306,9 @@ def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *,
             raise ValueError(f"x has {x.shape[-1]} features, the weight expects {packed.in_features}")
         return _dense_linear(x, packed, bias)
     level = -1 if isa is None else kernels.ISA_LEVELS[isa]
+    if packed.kind in K_KINDS:
+        return module.qlinear_kquant(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
+                                     packed.in_features, bias, level)
     if packed.float_act:
         return module.qlinear_float(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
                                     packed.in_features, bias, level)

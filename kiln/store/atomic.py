@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 
-def ensure_root(root: str | Path) -> Path:
+def store_root(root: str | Path) -> Path:
     """A store's root folder, created when it can be; a read-only location is left for the store to report."""
     path = Path(root)
     with contextlib.suppress(OSError):

@@ -1,4 +1,4 @@
-"""The startup sweep (issue 19.5): each store removes what killed writers left of its own scratch files.
+"""The startup sweep: each store removes what killed writers left of its own scratch files.
 
 A store takes part by having `sweep() -> list[str]`: it deletes (or, for a half-done replace, restores)
 the temp files and half-made directories of its own layout -- never a committed file -- and returns one

@@ -1,4 +1,4 @@
-"""Training checkpoints: what a job needs to continue after a crash or a shutdown (issue 19.4).
+"""Training checkpoints: what a job needs to continue after a crash or a shutdown.
 
 Layout `<data_dir>/train/checkpoints/<job_id>/`:
   request.json   the job's request as submitted (output_name filled in): a resume plans from it again

@@ -15,7 +15,7 @@ completes with its adapter served, then `trained` (with `trained_into`, the adap
 leaves out: a handful of corrections must stick after one short job, so it trains several epochs over
 the few rows at a high LoRA rate, where the general SFT defaults (3 epochs at 1e-4) are meant for
 datasets. Beside them it trains up to `DEFAULT_REPLAY` recent answers the server gave and nobody
-corrected (kiln.engine.records.rehearsal_rows), which keeps the edit from spilling over.
+corrected (kiln.traffic.records.rehearsal_rows), which keeps the edit from spilling over.
 """
 
 from __future__ import annotations
@@ -27,12 +27,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.data.formats import message_problem, messages_problem
 from kiln.errors import KilnError
 from kiln.store.atomic import append_jsonl, read_jsonl
 from kiln.store.clock import utc_now_rfc3339
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 PENDING, TRAINED = "pending", "trained"
 STATES = (PENDING, TRAINED)
@@ -295,7 +298,7 @@ def follow_training(store: CorrectionStore, manager: Any) -> None:
 def served_conversation(rec: Any, request_id: str, prompt_index: int | None, *,
                         logging_on: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
     """(conversation, the answer served, the adapter that served it) of a recorded request
-    (kiln.engine.records.CompletionRecord, or None when neither the ring nor the log has it)."""
+    (kiln.traffic.records.CompletionRecord, or None when neither the ring nor the log has it)."""
     if rec is None:
         where = "the recent-request ring" + (" or the request log" if logging_on else "")
         raise KilnError(404, "request_not_found", f"no served request {request_id!r} in {where}", param="request_id",
@@ -344,7 +347,7 @@ def corrections_config(config: dict[str, Any], active_name: str | None, num_rows
 
 async def submit_corrections(store: CorrectionStore, manager: Any, *, config: dict[str, Any],
                              post_eval: dict[str, Any] | None, rehearsal: Callable[[list[Correction]], list[dict]],
-                             parse: Callable[[dict[str, Any]], Any], active_name: str | None, engine: Any,
+                             parse: Callable[[dict[str, Any]], Any], active_name: str | None, engine: EngineView,
                              adapters: Any, datasets: Any, suites: Any) -> dict[str, Any]:
     """The pending corrections (plus `rehearsal(chosen)` rows) as one SFT job through the training
     path (`parse` makes the SftRequest, 400 naming the field); the training receipt plus

@@ -59,7 +59,7 @@ class EvalLink:
         async def queue() -> EvalJob:
             self.eval_jobs.generator()  # 503 while no model can generate
             self.eval_jobs.submit(job)
-            self.eval_jobs.ensure_started()
+            self.eval_jobs.start_worker()
             return job
 
         return asyncio.run_coroutine_threadsafe(queue(), loop).result(timeout=SUBMIT_TIMEOUT_SECS)

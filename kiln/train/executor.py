@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,9 @@ from kiln.train.plan import TrainingPlan
 from kiln.train.receipt import build_lineage, build_receipt
 from kiln.train.trainable_lora import TrainableLora, freeze_base
 
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
+
 log = logging.getLogger("kiln.train")
 
 # Intra-op threads as the process started with (read at import, in the main thread): on CPU the
@@ -42,14 +45,10 @@ log = logging.getLogger("kiln.train")
 _PROCESS_THREADS = torch.get_num_threads()
 
 
-def engine_busy(engine: Any) -> bool:
+def engine_busy(engine: EngineView) -> bool:
     """Whether the serving actor has sequences to step or completions in flight (lock-free reads)."""
-    snapshot = getattr(engine, "scheduler_snapshot", None)
-    if snapshot is not None:
-        s = snapshot()
-        if s.get("running", 0) or s.get("waiting", 0):
-            return True
-    return bool(getattr(engine, "in_flight", 0))
+    s = engine.scheduler_snapshot()
+    return bool(s.get("running", 0) or s.get("waiting", 0) or engine.in_flight)
 
 
 @dataclass
@@ -59,7 +58,7 @@ class CoreShare:
     takes ~1.7 s on one thread and ~0.9 s on two; a request arriving mid-step shares the cores until
     that step ends, and the next step leaves the actor its core."""
 
-    engine: Any
+    engine: EngineView
     total: int = _PROCESS_THREADS
     current: int = 0
 
@@ -78,12 +77,12 @@ class CoreShare:
 class JobContext:
     """What a job needs from the server; built when the job starts (the model may load after submission)."""
 
-    engine: Any                 # kiln.engine.serving.Engine: .model, .tokenizer, .template, .info, .identity
+    engine: EngineView
     adapters: Any               # AdapterStore
     active: Any | None = None   # ActiveAdapter
 
 
-def served_model(engine: Any) -> torch.nn.Module:
+def served_model(engine: EngineView) -> torch.nn.Module:
     return engine.model
 
 
@@ -180,7 +179,7 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
     duration = time.perf_counter() - t0
     finished = utc_now_rfc3339()
     receipt = build_receipt(job, plan, ctx.engine, finished_at=finished, duration_secs=duration, base_dtype=base_dtype)
-    served_id = getattr(getattr(ctx.engine, "info", None), "served_model_id", None)
+    served_id = receipt["base_model"]["served_model_id"]
     adapter_config = config_dict(plan.lora.rank, plan.lora.alpha, plan.lora.target_modules,
                                  base_model_name_or_path=served_id)
     info = ctx.adapters.save_adapter(plan.adapter_name, lora.factors(), adapter_config, receipt,

@@ -10,7 +10,7 @@ eval manager's terminal-state listener (`on_eval_finished`) resolves the gate on
 so the training queue never waits for an eval. A gated job's webhook fires once the gate resolved.
 A gate still pending at startup can never resolve: it is recorded as an error (fail closed).
 
-Resumable jobs (issue 19.4): with a checkpoint store, each job's request is kept beside its checkpoints
+Resumable jobs: with a checkpoint store, each job's request is kept beside its checkpoints
 (saved every `checkpoint_every` steps). A job the process lost (crash) or paused (`pause`, the graceful
 shutdown) is `interrupted`; `resume` queues it again with a plan built from the same request, and the
 executor continues from the latest checkpoint. A job that ends for good drops its checkpoints.

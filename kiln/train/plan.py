@@ -7,7 +7,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.adapters.peft_format import LoraModule, ModuleKey
 from kiln.data.judgment_rows import JudgmentRow
@@ -24,6 +24,9 @@ from kiln.train.requests import CommonConfig, DpoRequest, GrpoRequest, SftReques
 from kiln.train.rewards import scorer_reward_fn
 from kiln.train.sft import SftWork, prepare_sft
 from kiln.train.sources import TrainingData, resolve_source
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 NAME_CODE = "invalid_adapter_name"
 
@@ -65,7 +68,7 @@ def new_job_id() -> str:
     return "train-" + uuid.uuid4().hex[:16]
 
 
-def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_sft(req: SftRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
              job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("sft", req.examples, req.dataset, req.dataset_split, req.dataset_path, datasets)
@@ -76,7 +79,7 @@ def plan_sft(req: SftRequest, engine: Any, adapters: Any, datasets: Any, suites:
     return _plan("sft", cfg, SftWork(seqs), data, adapters, stats, post_eval=post_eval, job_id=job_id)
 
 
-def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_grpo(req: GrpoRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
               job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("grpo", req.groups, req.dataset, req.dataset_split, req.dataset_path, datasets)
@@ -95,7 +98,7 @@ def plan_grpo(req: GrpoRequest, engine: Any, adapters: Any, datasets: Any, suite
                  job_id=job_id)
 
 
-def plan_dpo(req: DpoRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_dpo(req: DpoRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
              job_id: str | None = None, judgments: Any = None) -> TrainingPlan:
     """Pairs from inline rows, a dataset or file of preference rows, or a judgment set's A/B rows (tie and
     skip rows left out and counted); a deterministic share of the prompts held out for the job's result."""

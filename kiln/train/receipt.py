@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln import __version__
 from kiln.train.jobs import TrainJob
 from kiln.train.plan import TrainingPlan
 
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
+
 SCHEMA = "kiln.train-receipt.v1"
 
 
-def build_receipt(job: TrainJob, plan: TrainingPlan, engine: Any, *, finished_at: str, duration_secs: float,
+def build_receipt(job: TrainJob, plan: TrainingPlan, engine: EngineView, *, finished_at: str, duration_secs: float,
                   base_dtype: str) -> dict[str, Any]:
-    identity = getattr(engine, "identity", None)
-    info = getattr(engine, "info", None)
+    identity, info = engine.identity, engine.info
     curve = job.loss_curve
     receipt = {
         "schema": SCHEMA,
@@ -51,8 +53,8 @@ def build_receipt(job: TrainJob, plan: TrainingPlan, engine: Any, *, finished_at
     return receipt
 
 
-def build_lineage(plan: TrainingPlan, engine: Any, base_dtype: str) -> dict[str, Any]:
-    identity = getattr(engine, "identity", None)
+def build_lineage(plan: TrainingPlan, engine: EngineView, base_dtype: str) -> dict[str, Any]:
+    identity = engine.identity
     return {
         "parent_adapter": plan.lora.base_adapter,
         "training_data_hash": plan.data.sha256,

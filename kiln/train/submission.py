@@ -1,12 +1,12 @@
 """Submitting a training request: capacity, planning off the event loop, queueing, the receipt; and
-resuming an interrupted job from the request it kept (issue 19.4)."""
+resuming an interrupted job from the request it kept."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -17,6 +17,9 @@ from kiln.train.manager import TrainingManager
 from kiln.train.plan import TrainingPlan, plan_dpo, plan_grpo, plan_sft
 from kiln.train.requests import DpoRequest, GrpoRequest, OpdRequest, SelfDistillRequest, SftRequest
 
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
+
 log = logging.getLogger("kiln.train")
 
 PLANNERS: dict[str, tuple[type, Callable[..., TrainingPlan]]] = {
@@ -25,7 +28,7 @@ PLANNERS: dict[str, tuple[type, Callable[..., TrainingPlan]]] = {
 ITEMS = {"sft": "examples", "grpo": "groups", "dpo": "pairs", "opd": "completions", "distill": "completions"}
 
 
-async def submit_training(manager: TrainingManager, req: Any, planner: Callable[..., TrainingPlan], engine: Any,
+async def submit_training(manager: TrainingManager, req: Any, planner: Callable[..., TrainingPlan], engine: EngineView,
                           adapters: Any, datasets: Any, suites: Any, *,
                           request_body: dict[str, Any] | None = None) -> dict[str, Any]:
     """Plan `req` with `planner` (plan_sft / plan_grpo; every client mistake is a 4xx here) and queue it.
@@ -42,7 +45,7 @@ async def submit_training(manager: TrainingManager, req: Any, planner: Callable[
                        f"on {what} ({job.total_steps} steps)"}
 
 
-def resume_job(manager: TrainingManager, job_id: str, engine: Any, adapters: Any, datasets: Any,
+def resume_job(manager: TrainingManager, job_id: str, engine: EngineView, adapters: Any, datasets: Any,
                suites: Any, judgments: Any = None, teachers: Any = None) -> TrainJob:
     """Plan an interrupted job again from its kept request (same job id, same output name) and queue it;
     the executor continues from its latest checkpoint. Blocking: planning tokenizes. `judgments` (the
@@ -61,7 +64,7 @@ def resume_job(manager: TrainingManager, job_id: str, engine: Any, adapters: Any
     return manager.resume(plan)
 
 
-async def resume_training(manager: TrainingManager, job_id: str, engine: Any, adapters: Any, datasets: Any,
+async def resume_training(manager: TrainingManager, job_id: str, engine: EngineView, adapters: Any, datasets: Any,
                           suites: Any, judgments: Any = None, teachers: Any = None) -> dict[str, Any]:
     """POST /v1/train/jobs/{id}/resume."""
     if manager.eval_link is not None:
@@ -73,7 +76,7 @@ async def resume_training(manager: TrainingManager, job_id: str, engine: Any, ad
             "message": f"Resuming {job.job_type.upper()} job {job.job_id} from step {step} of {job.total_steps}"}
 
 
-def resume_interrupted(manager: TrainingManager, engine: Any, adapters: Any, datasets: Any,
+def resume_interrupted(manager: TrainingManager, engine: EngineView, adapters: Any, datasets: Any,
                        suites: Any, judgments: Any = None, teachers: Any = None) -> list[str]:
     """[training] auto_resume at start: resume every interrupted job; returns the ids resumed."""
     resumed = []

@@ -23,7 +23,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,6 +34,9 @@ from kiln.store.atomic import atomic_write_json
 from kiln.store.clock import utc_now_rfc3339
 from kiln.store.hashing import sha256_json
 from kiln.store.names import name_problem
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 FILE = "teachers.json"
 CODE = "teacher_invalid"
@@ -103,7 +106,7 @@ class TeacherStore:
             atomic_write_json(self.path, {"teachers": kept})
 
 
-def register(req: TeacherRequest, engine: Any, adapters: Any, store: TeacherStore, *,
+def register(req: TeacherRequest, engine: EngineView, adapters: Any, store: TeacherStore, *,
              transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
     """Verify `req` and add it to the registry; blocking (a remote teacher is called)."""
     problem = name_problem(req.alias)
@@ -119,16 +122,16 @@ def register(req: TeacherRequest, engine: Any, adapters: Any, store: TeacherStor
     return store.add(record)
 
 
-def _probe_ids(engine: Any) -> list[list[int]]:
+def _probe_ids(engine: EngineView) -> list[list[int]]:
     return [list(engine.tokenizer.encode(p)) for p in PROBES]
 
 
-def _local(req: TeacherRequest, engine: Any, adapters: Any) -> dict[str, Any]:
+def _local(req: TeacherRequest, engine: EngineView, adapters: Any) -> dict[str, Any]:
     for key in ("url", "model_id", "api_key_env"):
         if getattr(req, key) is not None:
             raise invalid(f"a local teacher takes no {key}", param=key, hint="Only remote teachers have a URL.")
     identity: dict[str, Any] = {
-        "base_model_sha256": getattr(getattr(engine, "identity", None), "base_model_sha256", None),
+        "base_model_sha256": engine.identity.base_model_sha256 if engine.identity is not None else None,
         "tokenizer_probe_sha256": "sha256:" + sha256_json(_probe_ids(engine))}
     if req.adapter is not None:
         try:
@@ -174,7 +177,7 @@ def _api_key(req: TeacherRequest, url: str) -> str | None:
     return key
 
 
-def _remote(req: TeacherRequest, engine: Any, transport: httpx.BaseTransport | None) -> dict[str, Any]:
+def _remote(req: TeacherRequest, engine: EngineView, transport: httpx.BaseTransport | None) -> dict[str, Any]:
     if req.adapter is not None:
         raise invalid("a remote teacher takes no adapter", param="adapter",
                       hint="Name the remote server's model (or its adapter) in model_id.")

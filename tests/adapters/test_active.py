@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 
 from kiln.adapters.active import STATE_FILE, ActiveAdapter, model_spec_for
 from kiln.adapters.store import AdapterStore
 from kiln.errors import KilnError
+from kiln.testing.stand_in import StandInEngine
 from tests.adapters.helpers import MODEL_SPEC, TINY, save_random
 
 
@@ -73,11 +75,8 @@ def test_missing_adapter_is_404(active):
 
 
 def test_model_spec_comes_from_the_engine_config():
-    class Engine:
-        info = type("Info", (), {"config": TINY})()
-
     assert model_spec_for(None) is None
-    assert model_spec_for(Engine()) == MODEL_SPEC
+    assert model_spec_for(StandInEngine(info=SimpleNamespace(config=TINY))) == MODEL_SPEC
 
 
 def test_a_new_holder_on_the_same_store_restores_the_last_loaded_adapter(active):

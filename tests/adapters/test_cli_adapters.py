@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 import kiln.api.app as app_module
 import kiln.cli
 from kiln.adapters.store import AdapterStore
-from kiln.api.state import ServerState
 from kiln.commands import adapters as cmd
 from kiln.commands.client import ServerClient
 from kiln.config import DataSettings, Settings
+from kiln.server import build_state
 from kiln.store.folder_archive import pack_folder
 from tests.adapters.helpers import save_random
 
@@ -23,9 +23,8 @@ from tests.adapters.helpers import save_random
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path / "data")))
-    state = ServerState(settings=settings)
     s = AdapterStore(settings.adapter_dir)
-    state.services.adapter_store = s
+    state = build_state(settings, adapter_store=s)
     save_random(s, "a", r=2, alpha=4, modules=["q_proj"], seed=1)
     save_random(s, "b", r=2, alpha=4, modules=["q_proj"], seed=2)
     app = app_module.create_app(settings, state, routers=["kiln.api.routers.adapters"])

@@ -24,12 +24,13 @@ from kiln.adapters.export import (
 )
 from kiln.adapters.peft_format import CONFIG_FILE, WEIGHTS_FILE
 from kiln.adapters.store import AdapterStore
-from kiln.api.state import ServerState
 from kiln.commands import adapters as cmd
 from kiln.commands.client import ServerClient
 from kiln.config import DataSettings, ModelSettings, Settings
 from kiln.model.config import ModelConfig
 from kiln.model.gguf_loader import unpermute_qk
+from kiln.server import build_state
+from kiln.testing.stand_in import StandInEngine
 from tests.adapters.helpers import TINY, save_random
 
 
@@ -106,9 +107,8 @@ def cli(tmp_path, monkeypatch, store):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"_name_or_path": "org/tiny-base"}))
     settings = Settings(data=DataSettings(data_dir=str(tmp_path / "data")), model=ModelSettings(path=str(model)))
-    state = ServerState(settings=settings)
-    state.services.adapter_store = store
-    state.engine = SimpleNamespace(info=SimpleNamespace(config=_config("llama")))
+    state = build_state(settings, adapter_store=store)
+    state.engine = StandInEngine(info=SimpleNamespace(config=_config("llama")))
     app = app_module.create_app(settings, state, routers=["kiln.api.routers.adapters",
                                                           "kiln.api.routers.adapter_export"])
 

@@ -18,14 +18,14 @@ from kiln.api.access_log import (
     configure_logging,
     note_request,
 )
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, ServerSettings, Settings
+from kiln.server import build_state
 
 
 @pytest.fixture
 def app(tmp_path, monkeypatch):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
-    app = app_module.create_app(settings, ServerState(settings=settings), routers=["kiln.api.routers.system"])
+    app = app_module.create_app(settings, build_state(settings), routers=["kiln.api.routers.system"])
 
     @app.get("/_noted")
     def noted():
@@ -102,7 +102,7 @@ def test_an_error_access_line_names_the_error_code(app, lines):
 
 def test_access_log_can_be_turned_off(tmp_path, monkeypatch, lines):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)), server=ServerSettings(access_log=False))
-    app = app_module.create_app(settings, ServerState(settings=settings), routers=["kiln.api.routers.system"])
+    app = app_module.create_app(settings, build_state(settings), routers=["kiln.api.routers.system"])
     TestClient(app).get("/v1/models")
     assert not [x for x in lines() if x["logger"] == ACCESS_LOGGER]
 

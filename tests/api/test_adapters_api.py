@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,8 +13,9 @@ from fastapi.testclient import TestClient
 import kiln.api.app as app_module
 from kiln.adapters.archive import ArchiveLimits
 from kiln.adapters.store import AdapterStore
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, Settings
+from kiln.server import build_state
+from kiln.testing.stand_in import StandInEngine
 from tests.adapters.helpers import TINY, save_random
 
 ERROR_KEYS = {"message", "type", "param", "code", "hint"}
@@ -22,9 +24,8 @@ ERROR_KEYS = {"message", "type", "param", "code", "hint"}
 @pytest.fixture
 def state(tmp_path):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
-    st = ServerState(settings=settings)
-    st.services.adapter_store = AdapterStore(settings.adapter_dir, limits=ArchiveLimits(max_body_bytes=64_000))
-    return st
+    return build_state(settings, adapter_store=AdapterStore(settings.adapter_dir,
+                                                            limits=ArchiveLimits(max_body_bytes=64_000)))
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def test_detail_describes_rank_modules_and_files(client, store):
 
 
 def test_detail_checks_compatibility_when_a_model_is_served(client, state, store):
-    state.engine = type("Engine", (), {"info": type("Info", (), {"config": TINY})()})()
+    state.engine = StandInEngine(info=SimpleNamespace(config=TINY))
     assert client.get("/v1/adapters/a/detail").json()["compatibility"]["compatible"] is True
 
 
@@ -195,7 +196,7 @@ def test_load_errors(client, store):
 
 def test_load_rejects_an_adapter_that_does_not_fit_the_served_model(client, state, store):
     other = type("Cfg", (), dict(vars(TINY), hidden_size=32, head_dim=8))
-    state.engine = type("Engine", (), {"info": type("Info", (), {"config": other})()})()
+    state.engine = StandInEngine(info=SimpleNamespace(config=other))
     assert_error(client.post("/v1/adapters/load", json={"name": "a"}), 400, "adapter_layout_invalid")
 
 

@@ -1,4 +1,4 @@
-"""API keys (issue 19.1): Bearer keys on every call but /health (and /metrics unless protected)."""
+"""API keys: Bearer keys on every call but /health (and /metrics unless protected)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.api.app import create_app
 from kiln.api.auth import ApiKeyMiddleware, is_loopback, load_api_keys
 from kiln.config import ConfigError, Settings, load_settings
+from kiln.server import build_server
 
 KEY, OTHER = "sk-kiln-test-1", "sk-kiln-test-2"
 
@@ -19,7 +19,7 @@ def make_client(tmp_path, **server) -> TestClient:
     s.data.data_dir = str(tmp_path / "data")
     for k, v in server.items():
         setattr(s.server, k, v)
-    return TestClient(create_app(s))
+    return TestClient(build_server(s).app)
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -7,9 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import kiln.api.app as app_module
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
 from kiln.model import kernels
+from kiln.server import build_state
 
 ROUTERS = ["kiln.api.routers.system", "kiln.api.routers.chat"]
 
@@ -30,13 +30,13 @@ def tiny_model(tmp_path_factory):
 
 @pytest.mark.parametrize("isa", kernels.cpu_isas()[-2:])
 def test_health_and_config_show_the_isa_the_setting_chose(tiny_model, isa):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
 
     if kernels.load() is None:
         pytest.skip(f"kernels unavailable: {kernels.load_error()}")
     root, model = tiny_model
     settings = _settings(root, model, isa)
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     with kernels.using_isa("auto"):   # restore this process's ISA afterwards
         state.engine = build_engine(settings)
         try:
@@ -56,7 +56,7 @@ def test_health_and_config_show_the_isa_the_setting_chose(tiny_model, isa):
 
 
 def test_an_isa_the_cpu_lacks_stops_the_server_with_a_clear_error(tiny_model, monkeypatch):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
 
     root, model = tiny_model
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2", "avx2", "fma", "f16c"}))

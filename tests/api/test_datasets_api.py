@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import kiln.commands.client as client_module
-from kiln.api.app import create_app
 from kiln.commands import datasets as datasets_cli
 from kiln.config import Settings
+from kiln.server import build_server
 from kiln.testing.schemas import validate
 
 EVALS = "kiln-evals-v1.schema.json"
@@ -39,7 +39,7 @@ def settings(tmp_path) -> Settings:
 
 @pytest.fixture
 def client(settings) -> TestClient:
-    return TestClient(create_app(settings))
+    return TestClient(build_server(settings).app)
 
 
 def upload(client, name="math", body: bytes = jsonl(ROWS), **fields):

@@ -5,8 +5,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.api.app import create_app
 from kiln.config import Settings
+from kiln.server import build_server
 from kiln.testing.schemas import validate
 from tests.evals._helpers import suite_json
 
@@ -17,7 +17,7 @@ SCHEMA = "kiln-evals-v1.schema.json"
 def client(tmp_path):
     settings = Settings()
     settings.data.data_dir = str(tmp_path)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_server(settings).app) as c:
         yield c
 
 

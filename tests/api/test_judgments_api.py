@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 import kiln.commands.client as client_module
 from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.commands import judgments as judgments_cli
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
+from kiln.server import build_server, build_state
 from kiln.testing.schemas import validate
 from tests.evals.test_jobs_api import wait_done as wait_job
 
@@ -34,7 +34,7 @@ def settings(tmp_path) -> Settings:
 
 @pytest.fixture
 def client(settings) -> TestClient:
-    return TestClient(create_app(settings))
+    return TestClient(build_server(settings).app)
 
 
 @pytest.fixture
@@ -245,7 +245,7 @@ def wait_done(client, job_id: str) -> dict:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The whole app over a tiny llama with one saved LoRA adapter, `judge`; one event loop throughout."""
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
     from tests.adapters.helpers import TINY, save_random
 
@@ -257,7 +257,7 @@ def served(tmp_path_factory):
     settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="tiny"),
                         data=DataSettings(data_dir=str(root / "data")),
                         engine=EngineSettings(kv_cache_memory_mb=16, max_model_len=1024))
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     app = create_app(settings, state)
     services = state.services
     save_random(services.adapter_store, "judge", r=4, alpha=8, seed=3)

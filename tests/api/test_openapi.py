@@ -10,15 +10,15 @@ from fastapi.testclient import TestClient
 
 from kiln.api.app import create_app
 from kiln.api.openapi import CONTRACT_OPERATIONS, ERROR_COMPONENT, component_names, contract_entrypoints
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, Settings
 from kiln.contracts import schemas
+from kiln.server import build_state
 
 
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path_factory.mktemp("openapi"))))
-    client = TestClient(create_app(settings, ServerState(settings=settings)))
+    client = TestClient(create_app(settings, build_state(settings)))
     r = client.get("/openapi.json")
     assert r.status_code == 200
     return r.json()
@@ -79,13 +79,13 @@ def test_path_parameters_are_declared(doc):
 
 def test_swagger_ui_is_served(tmp_path):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
-    client = TestClient(create_app(settings, ServerState(settings=settings)))
+    client = TestClient(create_app(settings, build_state(settings)))
     assert client.get("/docs").status_code == 200
 
 
 def test_swagger_ui_loads_nothing_from_another_host(tmp_path):
     settings = Settings(data=DataSettings(data_dir=str(tmp_path)))
-    client = TestClient(create_app(settings, ServerState(settings=settings)))
+    client = TestClient(create_app(settings, build_state(settings)))
     page = client.get("/docs").text
     assert not re.findall(r"https?://", page), "the docs page reaches outside the server"
     assets = re.findall(r"""(?:src|href)=["']?(/docs/static/[^"' >]+)""", page)

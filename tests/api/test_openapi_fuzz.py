@@ -14,8 +14,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 import kiln.api.app as app_module
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, EngineSettings, EvalSettings, ModelSettings, Settings, TrainingSettings
+from kiln.server import build_state
 
 EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "30"))
 # multipart uploads are not JSON routes; the fuzzer would only send it random bytes as archives
@@ -24,7 +24,7 @@ NOT_JSON = ["/v1/eval/datasets/upload", "/v1/adapters/upload"]
 
 @pytest.fixture(scope="module")
 def contract_api(tmp_path_factory):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("fuzz")
@@ -34,7 +34,7 @@ def contract_api(tmp_path_factory):
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=96),
                         eval=EvalSettings(max_queued_jobs=4), training=TrainingSettings(max_queued_jobs=2))
     settings.server.request_timeout_secs = 30
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     app = app_module.create_app(settings, state)
     engine = build_engine(settings)
     state.engine = engine

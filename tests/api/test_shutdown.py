@@ -1,4 +1,4 @@
-"""Graceful shutdown's pieces (issue 19.3): the drain waits for requests in flight, refuses new ones with
+"""Graceful shutdown's pieces: the drain waits for requests in flight, refuses new ones with
 503 + Retry-After, and runs every shutdown hook in order even when one fails."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 from fastapi.testclient import TestClient
 
-from kiln.api.app import create_app
 from kiln.api.shutdown import Lifecycle
 from kiln.config import Settings
+from kiln.server import build_server
 
 
 def test_drain_waits_for_requests_in_flight_then_runs_the_hooks_in_order():
@@ -43,7 +43,7 @@ def test_a_drain_past_its_deadline_still_runs_the_hooks():
 def test_while_draining_every_request_is_503_server_shutting_down_with_retry_after(tmp_path):
     s = Settings()
     s.data.data_dir = str(tmp_path / "data")
-    app = create_app(s)
+    app = build_server(s).app
     client = TestClient(app)
     assert client.get("/v1/eval/datasets").status_code == 200
     app.state.kiln.lifecycle.draining = True
@@ -58,5 +58,5 @@ def test_while_draining_every_request_is_503_server_shutting_down_with_retry_aft
 def test_the_training_manager_registers_its_checkpoint_hook(tmp_path):
     s = Settings()
     s.data.data_dir = str(tmp_path / "data")
-    app = create_app(s)
+    app = build_server(s).app
     assert "training" in [name for name, _ in app.state.kiln.lifecycle.hooks]

@@ -173,22 +173,21 @@ def thinking(tmp_path_factory):
     """A tiny Qwen3-style model whose prompt opens a reasoning block, its vocabulary wider than its tokenizer's."""
     from fastapi.testclient import TestClient
 
-    from kiln.api.app import create_app
-    from kiln.api.state import ServerState
     from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
+    from kiln.server import build_server
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("thinking")
     model = make_tiny_model(root / "q", arch="qwen3", init_std=0.3, thinking_prompt=True, extra_vocab=7)
     settings = Settings(model=ModelSettings(path=str(model), dtype="float32", served_model_id="q"),
                         data=DataSettings(data_dir=str(root / "data")), engine=EngineSettings(kv_cache_memory_mb=8))
-    state = ServerState(settings=settings)
-    state.engine = build_engine(settings)
+    server = build_server(settings, routers=ROUTERS)
+    server.publish(build_engine(settings))
     try:
-        yield TestClient(create_app(settings, state, routers=ROUTERS))
+        yield TestClient(server.app)
     finally:
-        state.engine.shutdown()
+        server.close()
 
 
 def test_on_a_thinking_prompt_the_grammar_applies_after_the_reasoning(thinking):

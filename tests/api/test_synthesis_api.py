@@ -7,14 +7,14 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.api.app import create_app
 from kiln.config import Settings
 from kiln.errors import KilnError
-from kiln.evals.admission import AdmissionContext, base_target_only
+from kiln.evals.intake import IntakeContext, base_target_only
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.suite import parse_suite
 from kiln.evals.synthesis import parse_synthesize_body, synthesize
+from kiln.server import build_server
 from kiln.testing.schemas import validate
 from tests.evals.synthesis.corpus import corpus, numbered
 
@@ -28,7 +28,7 @@ MOSTLY_HOLDOUT = {"seed": 0, "train_percent": 1, "validation_percent": 0}
 def client(tmp_path):
     settings = Settings()
     settings.data.data_dir = str(tmp_path)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_server(settings).app) as c:
         yield c
 
 
@@ -67,7 +67,7 @@ def job_manager(client, tmp_path, adapters=("support-v2",)):
     def no_model():
         raise KilnError(503, "backend_unavailable", "no model in this test")
 
-    ctx = AdmissionContext(suites=services(client).eval_suites, resolve_target=resolve, active_adapter=lambda: None)
+    ctx = IntakeContext(suites=services(client).eval_suites, resolve_target=resolve, active_adapter=lambda: None)
     manager = EvalJobManager(EvalJobStore(tmp_path / "jobs"), ctx, no_model)
     services(client).eval_jobs = manager
     return manager

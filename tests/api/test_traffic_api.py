@@ -1,5 +1,5 @@
 """Learning from traffic, in process on a tiny model: the recent-request ring, decode stats, the
-request log, corrections by completion id, and training them (semantics.md §1.1; issue 18)."""
+request log, corrections by completion id, and training them (semantics.md §1.1)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.config import (
     DataSettings,
     EngineSettings,
@@ -23,8 +22,9 @@ from kiln.config import (
     Settings,
     StatsSettings,
 )
-from kiln.store.request_log import read_rows
+from kiln.server import build_state
 from kiln.testing.schemas import validate
+from kiln.traffic.request_log import read_rows
 
 TB = "thinking-budget-v1.schema.json"
 MSG = [{"role": "user", "content": "Write a short line about the sea."}]
@@ -38,7 +38,7 @@ DECODE_KEYS = {"object", "tok_per_sec", "mean_itl_ms", "p50_itl_ms", "p99_itl_ms
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("traffic-api")
@@ -49,7 +49,7 @@ def served(tmp_path_factory):
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320),
                         stats=StatsSettings(recent_requests=8, preview_chars=16),
                         request_log=RequestLogSettings(enabled=True))
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     app = create_app(settings, state)
     engine = build_engine(settings)
     engine.attach_adapters(state.services.adapter_store, state.services.adapter_compose_cache,

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.api.app import create_app
 from kiln.api.routers.ui import UI_DIR
 from kiln.config import Settings
+from kiln.server import build_server
 
 
 @pytest.fixture
 def client(tmp_path) -> TestClient:
     s = Settings()
     s.data.data_dir = str(tmp_path / "data")
-    return TestClient(create_app(s))
+    return TestClient(build_server(s).app)
 
 
 def test_root_redirects_to_the_dashboard(client):

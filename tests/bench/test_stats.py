@@ -1,32 +1,32 @@
 import pytest
 
-from kiln.bench.stats import format_ratio, format_value, median, percentile, speedup
+from kiln.bench.stats import format_ratio, format_value, interpolated_percentile, median, speedup
 
 
-def test_percentile_interpolates_linearly_between_order_statistics():
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([10.0, 0.0, 20.0], 25) == 5.0
+def test_interpolated_percentile_interpolates_linearly_between_order_statistics():
+    assert interpolated_percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert interpolated_percentile([10.0, 0.0, 20.0], 25) == 5.0
 
 
-def test_percentile_extremes_are_min_and_max():
+def test_interpolated_percentile_extremes_are_min_and_max():
     values = [3.0, 1.0, 7.0, 5.0]
-    assert percentile(values, 0) == 1.0
-    assert percentile(values, 100) == 7.0
+    assert interpolated_percentile(values, 0) == 1.0
+    assert interpolated_percentile(values, 100) == 7.0
 
 
 def test_p99_of_a_hundred_values_sits_just_below_the_maximum():
     values = [float(i) for i in range(1, 101)]
-    assert percentile(values, 99) == pytest.approx(99.01)
+    assert interpolated_percentile(values, 99) == pytest.approx(99.01)
 
 
-def test_percentile_of_nothing_is_none_not_zero():
-    assert percentile([], 50) is None
+def test_interpolated_percentile_of_nothing_is_none_not_zero():
+    assert interpolated_percentile([], 50) is None
     assert median([]) is None
 
 
-def test_percentile_rejects_q_outside_0_to_100():
+def test_interpolated_percentile_rejects_q_outside_0_to_100():
     with pytest.raises(ValueError):
-        percentile([1.0], 101)
+        interpolated_percentile([1.0], 101)
 
 
 def test_speedup_of_a_throughput_is_value_over_reference():

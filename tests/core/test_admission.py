@@ -1,4 +1,4 @@
-"""Bounded admission (issue 19.2): limits on waiting requests and queued prompt tokens."""
+"""Bounded admission: limits on waiting requests and queued prompt tokens."""
 
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ class Corrections(StoreDriver):
 
 
 class RequestLog(StoreDriver):
-    """Served chats land in the request log from a writer thread after the answer (issue 18's design:
+    """Served chats land in the request log from a writer thread after the answer (by design:
     the row is not part of the acknowledgement, so rows still queued at a kill may be missing). What
     must hold: every line on disk is a whole row, and every row is one this client was answered."""
 
@@ -275,7 +275,7 @@ class RequestLog(StoreDriver):
         return r.json()["id"] if _ok(r) else None
 
     def check(self, c: httpx.Client) -> list[str]:
-        from kiln.store.request_log import log_files
+        from kiln.traffic.request_log import log_files
 
         problems, ids = [], set()
         for path in log_files(self.root):

@@ -1,4 +1,4 @@
-"""Bounded admission under a burst (issue 19.2): thousands of concurrent chat requests against a real
+"""Bounded admission under a burst: thousands of concurrent chat requests against a real
 `kiln serve` (tiny model, loopback, small max_tokens). Past the waiting limit requests are refused 429
 with Retry-After in the error envelope, every admitted one completes, the waiting count never passes
 the limit, and the server's memory stays flat: a burst three times larger leaves the high-water mark

@@ -1,4 +1,4 @@
-"""Server-level fault test (issue 19.6): SIGKILL a real `kiln serve` at random moments while clients write
+"""Server-level fault test: SIGKILL a real `kiln serve` at random moments while clients write
 to every store, restart it on the same data dir, and check that every acknowledged write is readable,
 nothing half-written is visible, and the startup sweep left no temp files.
 

@@ -1,5 +1,5 @@
-"""Issue 19 on a real `kiln serve`: API keys with the openai client, and a training job (SFT, and DPO from a
-judgment set) SIGKILLed mid-run that comes back interrupted and resumes, over HTTP, to the adapter an
+"""Safe to expose, on a real `kiln serve`: API keys with the openai client, and a training job (SFT, and DPO
+from a judgment set) SIGKILLed mid-run that comes back interrupted and resumes, over HTTP, to the adapter an
 uninterrupted run produces."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Graceful shutdown (issue 19.3) on a real `kiln serve`: SIGTERM stops admitting (503 + Retry-After),
+"""Graceful shutdown on a real `kiln serve`: SIGTERM stops admitting (503 + Retry-After),
 a running stream finishes whole, a running training job is checkpointed and left interrupted, the
 shutdown hooks run (the request log flushed: the drained stream's row is on disk, whole), and the
 process exits 0; restarted with auto_resume, the job continues from its
@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from kiln.store.request_log import read_rows
+from kiln.traffic.request_log import read_rows
 
 from .conftest import start_server
 

@@ -500,7 +500,7 @@ def sent(browser: Browser, method: str, path: str) -> list[dict]:
 
 def test_recent_requests_table_shows_each_thinking_budget_outcome(server, browser, stand_in):
     def record(i: int, budget: dict, status: str = "ok") -> dict:
-        # the shape GET /v1/stats/recent-requests answers (kiln.engine.records.CompletionRecord.recent)
+        # the shape GET /v1/stats/recent-requests answers (kiln.traffic.records.CompletionRecord.recent)
         return {"id": f"chatcmpl-{i}", "object": "kiln.recent_request", "request_id": f"req-{i}", "kind": "chat",
                 "created": 1_796_000_000 - i, "model": "tiny", "adapter": "base" if i % 2 else "tone",
                 "status": status, "finish_reason": "stop" if status == "ok" else "error", "streamed": bool(i % 2),

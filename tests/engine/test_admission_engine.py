@@ -1,4 +1,4 @@
-"""Bounded admission at the Engine facade (issue 19.2): `admit` refuses with 429 before anything reaches
+"""Bounded admission at the Engine facade: `admit` refuses with 429 before anything reaches
 the actor; a request stops waiting at its first event and gives its place back however it ends."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from kiln.engine.actor import GenerationRequest
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("actor")
@@ -93,7 +93,7 @@ def test_an_auto_itl_target_keeps_the_fixed_prefill_price_for_a_float32_model(en
 
 
 def test_with_an_itl_target_the_actor_paces_prompt_chunks_by_the_steps_it_ran(tmp_path):
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m", arch="llama", init_std=0.3)

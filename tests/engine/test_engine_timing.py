@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from kiln.core.percentile import percentile
 from kiln.engine.timing import (
     MAX_GAP_SAMPLES,
     PHASE_FIELDS,
@@ -13,7 +14,6 @@ from kiln.engine.timing import (
     RequestTimeline,
     StepTiming,
     decode_tokens_per_sec,
-    percentile,
     performance_metadata,
 )
 from kiln.testing.schemas import validate

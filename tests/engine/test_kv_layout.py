@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kiln.config import Settings
-from kiln.engine.serving import AUTO_KV_MEMORY_MB, kv_layout
+from kiln.engine.build import AUTO_KV_MEMORY_MB, kv_layout
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 

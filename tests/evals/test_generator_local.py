@@ -8,8 +8,8 @@ import pytest
 
 from kiln.config import Settings
 from kiln.core.thinking_budget import resolve_budget
+from kiln.engine.build import build_engine
 from kiln.engine.eval_generator import LocalEngineGenerator
-from kiln.engine.serving import build_engine
 from kiln.evals.generator import GenerationRequest
 from kiln.testing.schemas import validate
 from kiln.testing.tiny import make_tiny_model

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kiln.errors import KilnError
-from kiln.evals.admission import admit_compare, admit_run
+from kiln.evals.intake import job_for_compare, job_for_run
 from kiln.evals.job_store import INTERRUPTED, EvalJobStore
 from kiln.evals.requests import parse_compare_spec, parse_run_request
 from kiln.evals.seeds import derive_generation_seed
@@ -28,13 +28,13 @@ def run(coro):
 
 
 def submit(manager, body):
-    return manager.submit(admit_run(manager.ctx, parse_run_request(body)))
+    return manager.submit(job_for_run(manager.ctx, parse_run_request(body)))
 
 
 def test_a_run_scores_every_example_and_completes(tmp_path):
     async def main():
         manager, _ = make_manager(tmp_path)
-        manager.ensure_started()
+        manager.start_worker()
         job = submit(manager, {"suite": "math", "seed": 1})
         await wait_until(lambda: job.terminal)
         return job
@@ -51,7 +51,7 @@ def test_a_run_scores_every_example_and_completes(tmp_path):
 def test_a_job_logs_when_it_is_queued_and_how_it_ended(tmp_path, caplog):
     async def main():
         manager, _ = make_manager(tmp_path)
-        manager.ensure_started()
+        manager.start_worker()
         job = submit(manager, {"suite": "math", "seed": 1})
         await wait_until(lambda: job.terminal)
         return job
@@ -79,7 +79,7 @@ def test_jobs_run_one_at_a_time_in_submission_order(tmp_path):
         seen: list[str] = []
         answer = gen.answer
         gen.answer = lambda req: (seen.append(manager._active.job_id), answer(req))[1]
-        manager.ensure_started()
+        manager.start_worker()
         first = submit(manager, {"suite": "math"})
         second = submit(manager, {"suite": "math"})
         await wait_until(lambda: second.terminal)
@@ -127,7 +127,7 @@ def test_progress_counts_finished_examples_while_running(tmp_path):
     async def main():
         manager, gen = make_manager(tmp_path)
         gen.hold = {"5 + 5?"}
-        manager.ensure_started()
+        manager.start_worker()
         job = submit(manager, {"suite": "math"})
         await wait_until(lambda: job.progress is not None and job.progress.examples_completed == 2)
         info = job.info()
@@ -147,7 +147,7 @@ def test_cancelling_a_queued_job_removes_it_from_the_queue(tmp_path):
     async def main():
         manager, gen = make_manager(tmp_path)
         gen.hold = {"2 + 2?"}
-        manager.ensure_started()
+        manager.start_worker()
         running = submit(manager, {"suite": "math"})
         queued = submit(manager, {"suite": "math"})
         await gen.started.wait()
@@ -167,7 +167,7 @@ def test_cancelling_a_running_job_keeps_the_examples_that_finished(tmp_path):
     async def main():
         manager, gen = make_manager(tmp_path)
         gen.hold = {"5 + 5?"}
-        manager.ensure_started()
+        manager.start_worker()
         job = submit(manager, {"suite": "math"})
         await wait_until(lambda: job.progress is not None and job.progress.examples_completed == 2)
         answer = manager.cancel(job.job_id)
@@ -323,7 +323,7 @@ def test_a_run_override_whose_n_differs_from_k_is_refused(tmp_path):
 def test_compare_runs_each_adapter_in_order(tmp_path):
     async def main():
         manager, gen = make_manager(tmp_path, adapters={"tuned": "sha256:" + "b" * 64})
-        job = manager.submit(admit_compare(manager.ctx, parse_compare_spec(
+        job = manager.submit(job_for_compare(manager.ctx, parse_compare_spec(
             {"suite": "math", "adapters": ["", "tuned", ""], "seed": 4})))
         await manager.run_job(job)
         return job, gen

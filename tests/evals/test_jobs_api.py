@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.config import Settings
+from kiln.server import build_state
 from kiln.testing.schemas import validate
 from tests.evals.test_jobs_fixtures import SCHEMA, FakeGenerator, suite_data
 
@@ -21,7 +21,7 @@ def build(tmp_path, **eval_settings):
     settings.data.data_dir = str(tmp_path)
     for key, value in eval_settings.items():
         setattr(settings.eval, key, value)
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     app = create_app(settings, state)
     return app, state
 

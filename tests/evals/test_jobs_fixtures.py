@@ -12,8 +12,8 @@ from typing import Any
 
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.errors import KilnError
-from kiln.evals.admission import AdmissionContext, base_target_only
 from kiln.evals.generator import GenerationRequest, GenerationResult, GeneratorIdentity
+from kiln.evals.intake import IntakeContext, base_target_only
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.suite import parse_suite
@@ -106,7 +106,7 @@ def make_manager(root: Path, generator: FakeGenerator | None = None, *, max_queu
             return {"adapter": adapter, "adapter_content_sha256": known[adapter]}
         return base_target_only(adapter)
 
-    ctx = AdmissionContext(suites=suites, resolve_target=resolve, active_adapter=lambda: active)
+    ctx = IntakeContext(suites=suites, resolve_target=resolve, active_adapter=lambda: active)
     manager = EvalJobManager(EvalJobStore(root / "jobs"), ctx, lambda: gen, max_queued_jobs=max_queued,
                              max_tracked_jobs=max_tracked)
     return manager, gen

@@ -9,8 +9,8 @@ import pytest
 
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.errors import KilnError
-from kiln.evals.admission import admit_replay, admit_rerun, admit_run
 from kiln.evals.digests import hash_json, text_sha256
+from kiln.evals.intake import job_for_replay, job_for_rerun, job_for_run
 from kiln.evals.replay import record_sha256, replay_verdict, validate_replay_record
 from kiln.evals.requests import parse_replay_body, parse_rerun_body, parse_run_request
 from kiln.evals.seeds import derive_generation_seed
@@ -20,7 +20,7 @@ from tests.evals.test_jobs_fixtures import SCHEMA, FakeGenerator, arithmetic, di
 
 def finished_job(tmp_path, body=None, generator=None, **kw):
     manager, gen = make_manager(tmp_path, generator, **kw)
-    job = manager.submit(admit_run(manager.ctx, parse_run_request(body or {"suite": "math", "seed": 11})))
+    job = manager.submit(job_for_run(manager.ctx, parse_run_request(body or {"suite": "math", "seed": 11})))
     asyncio.run(manager.run_job(job))
     return manager, gen, job
 
@@ -28,7 +28,7 @@ def finished_job(tmp_path, body=None, generator=None, **kw):
 def replay(manager, source, run_index=0):
     async def main():
         current = await manager.generator().identity()
-        job = manager.submit(admit_replay(manager.ctx, source, run_index, current))
+        job = manager.submit(job_for_replay(manager.ctx, source, run_index, current))
         await manager.run_job(job)
         return job
 
@@ -165,7 +165,7 @@ def test_replay_body_rejects_unknown_fields():
 def test_rerun_queues_only_the_failing_examples_with_the_same_seeds(tmp_path):
     data = suite_data(default_scorer={"kind": "numeric_tolerance"}, generation={"temperature": 1.0})
     manager, gen, source = finished_job(tmp_path, {"inline_suite": data, "seed": 11})
-    job = manager.submit(admit_rerun(manager.ctx, source, parse_rerun_body({})))
+    job = manager.submit(job_for_rerun(manager.ctx, source, parse_rerun_body({})))
     asyncio.run(manager.run_job(job))
     assert [ex.id for ex in job.suite.examples] == ["three"]
     assert (job.submission_kind, job.effective_seed, job.suite.generation.seed) == ("on_demand", 11, 11)
@@ -174,7 +174,7 @@ def test_rerun_queues_only_the_failing_examples_with_the_same_seeds(tmp_path):
 
 def test_rerun_with_include_pass_and_a_new_seed(tmp_path):
     manager, _, source = finished_job(tmp_path)
-    job = admit_rerun(manager.ctx, source, parse_rerun_body({"include_pass": True, "seed": "5"}))
+    job = job_for_rerun(manager.ctx, source, parse_rerun_body({"include_pass": True, "seed": "5"}))
     assert [ex.id for ex in job.suite.examples] == ["two", "three", "five"]
     assert job.effective_seed == 5
 
@@ -182,7 +182,7 @@ def test_rerun_with_include_pass_and_a_new_seed(tmp_path):
 def test_rerun_with_nothing_to_rerun_is_400(tmp_path):
     manager, _, source = finished_job(tmp_path)
     with pytest.raises(KilnError) as e:
-        admit_rerun(manager.ctx, source, parse_rerun_body({"outcome_kinds": ["invalid"]}))
+        job_for_rerun(manager.ctx, source, parse_rerun_body({"outcome_kinds": ["invalid"]}))
     assert (e.value.status, e.value.code) == (400, "eval_invalid_request")
     assert "no matching outcomes to re-run" in e.value.message
 

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from kiln.cli import main as cli_main
-from kiln.evals.admission import admit_compare
 from kiln.evals.compare import compare_pair, compare_runs, flip_class
+from kiln.evals.intake import job_for_compare
 from kiln.evals.report import render_report
 from kiln.evals.requests import parse_compare_spec
 from tests.evals.test_jobs_fixtures import FakeGenerator, arithmetic, make_manager
@@ -29,7 +29,7 @@ def compare_result(tmp_path):
         return arithmetic(req)
 
     manager, _ = make_manager(tmp_path, FakeGenerator(answer), adapters={"tuned": "sha256:" + "e" * 64})
-    job = manager.submit(admit_compare(manager.ctx, parse_compare_spec({"suite": "math", "adapters": ["", "tuned"]})))
+    job = manager.submit(job_for_compare(manager.ctx, parse_compare_spec({"suite": "math", "adapters": ["", "tuned"]})))
     asyncio.run(manager.run_job(job))
     return job.result()
 

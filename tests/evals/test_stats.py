@@ -1,6 +1,6 @@
 import pytest
 
-from kiln.evals.stats import nearest_rank, round_half_away, sign_test_p_value, wilson_interval
+from kiln.evals.stats import round_half_away, sign_test_p_value, value_at_rounded_rank, wilson_interval
 
 
 def test_wilson_of_no_trials_is_all_zero():
@@ -53,6 +53,6 @@ def test_round_half_away_from_zero_unlike_python_round():
 
 def test_nearest_rank_uses_round_of_q_times_n_minus_one():
     values = [10.0, 20.0, 30.0, 40.0]
-    assert nearest_rank(values, 0.5) == 30.0  # round(1.5) = 2
-    assert nearest_rank(values, 0.9) == 40.0
-    assert nearest_rank([], 0.5) == 0.0
+    assert value_at_rounded_rank(values, 0.5) == 30.0  # round(1.5) = 2
+    assert value_at_rounded_rank(values, 0.9) == 40.0
+    assert value_at_rounded_rank([], 0.5) == 0.0

@@ -178,7 +178,7 @@ def test_unsupported_quant_type_is_a_clear_error(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match=r"Q5_0.*supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K"):
+    with pytest.raises(UnsupportedModelError, match=r"Q5_0.*supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"):
         load_weights(path, "float32")
 
 

@@ -1,4 +1,4 @@
-"""The startup sweep (issue 19.5): each store removes its own orphaned temp files and half-made
+"""The startup sweep: each store removes its own orphaned temp files and half-made
 directories, restores a half-replaced adapter, and never touches a committed file."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import torch
 from kiln.adapters.peft_format import config_dict
 from kiln.adapters.store import AdapterStore
 from kiln.api.lifecycle import startup_sweep
-from kiln.api.state import ServerState
 from kiln.config import Settings
 from kiln.data.datasets import DatasetStore
 from kiln.data.judgments import JudgmentStore
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.suite import parse_suite
 from kiln.evals.suite_store import SuiteStore
+from kiln.server import build_state
 from kiln.store.sweep import LiveLock, sweep_all
 from kiln.train.checkpoint import CheckpointStore
 
@@ -131,7 +131,7 @@ def test_the_server_sweeps_every_store_and_logs_what_it_removed(tmp_path, caplog
 
     settings = Settings()
     settings.data.data_dir = str(tmp_path / "data")
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     create_app(settings, state)
     orphan = tmp_path / "data" / "eval" / "jobs" / ".j.json.ab12cd34.tmp"
     orphan.parent.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from kiln.engine.chat_template import ChatTemplate
 from kiln.engine.tokenizer import Tokenizer
 from kiln.model.loader import load_model
+from kiln.testing.stand_in import StandInEngine
 from kiln.testing.tiny import make_tiny_model
 
 CHATML = (
@@ -47,4 +47,4 @@ def tiny_model(tiny_dir):
 @pytest.fixture
 def engine_view(tokenizer, qwen_template):
     """What planning needs from the serving Engine: the tokenizer and the chat template."""
-    return SimpleNamespace(tokenizer=tokenizer, template=qwen_template)
+    return StandInEngine(tokenizer=tokenizer, template=qwen_template)

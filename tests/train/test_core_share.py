@@ -4,38 +4,31 @@ from __future__ import annotations
 
 import torch
 
+from kiln.testing.stand_in import StandInEngine
 from kiln.train.executor import CoreShare, engine_busy
 from kiln.train.loop import LoopConfig, run_loop
 
 
-class FakeEngine:
-    def __init__(self, running: int = 0, waiting: int = 0, in_flight: int = 0) -> None:
-        self.running, self.waiting, self.in_flight = running, waiting, in_flight
-
-    def scheduler_snapshot(self) -> dict[str, int]:
-        return {"running": self.running, "waiting": self.waiting}
-
-
 def test_an_engine_with_sequences_or_completions_in_flight_is_busy():
-    assert not engine_busy(FakeEngine())
-    assert engine_busy(FakeEngine(running=1))
-    assert engine_busy(FakeEngine(waiting=2))
-    assert engine_busy(FakeEngine(in_flight=1))
+    assert not engine_busy(StandInEngine())
+    assert engine_busy(StandInEngine(running=1))
+    assert engine_busy(StandInEngine(waiting=2))
+    assert engine_busy(StandInEngine(in_flight=1))
 
 
 def test_an_idle_engine_lends_training_every_thread_and_a_busy_one_keeps_one():
-    engine = FakeEngine()
+    engine = StandInEngine()
     share = CoreShare(engine, total=4)
     assert share.threads() == 4
     engine.running = 3
     assert share.threads() == 3
-    assert CoreShare(FakeEngine(running=1), total=1).threads() == 1
+    assert CoreShare(StandInEngine(running=1), total=1).threads() == 1
 
 
 def test_the_thread_count_is_set_in_the_training_thread_before_each_step():
     before = torch.get_num_threads()
     try:
-        share = CoreShare(FakeEngine(running=1), total=2)
+        share = CoreShare(StandInEngine(running=1), total=2)
         share()
         assert torch.get_num_threads() == share.current == 1
     finally:

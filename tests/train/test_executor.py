@@ -12,6 +12,7 @@ from kiln.adapters.active import ActiveAdapter
 from kiln.adapters.store import AdapterStore
 from kiln.api.errors import parse_model
 from kiln.store.clock import utc_now_rfc3339
+from kiln.testing.stand_in import StandInEngine
 from kiln.train.executor import JobContext, execute
 from kiln.train.jobs import TrainJob
 from kiln.train.masks import mask_conversation
@@ -25,7 +26,8 @@ TAUGHT = {"messages": [*QUESTION, {"role": "assistant", "content": "Quillton."}]
 
 @pytest.fixture
 def setup(tiny_model, tokenizer, qwen_template, tmp_path):
-    engine = SimpleNamespace(tokenizer=tokenizer, template=qwen_template, model=tiny_model, info=None, identity=None)
+    engine = StandInEngine(tokenizer=tokenizer, template=qwen_template, model=tiny_model,
+                           info=SimpleNamespace(config=tiny_model.config, served_model_id=None, path=None))
     store = AdapterStore(tmp_path / "adapters")
     active = ActiveAdapter(store)
     swapped = []

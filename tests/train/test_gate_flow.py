@@ -15,7 +15,7 @@ import pytest
 from kiln.adapters.active import ActiveAdapter
 from kiln.adapters.store import AdapterStore
 from kiln.api.errors import parse_model
-from kiln.evals.admission import AdmissionContext
+from kiln.evals.intake import IntakeContext
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.jobs import EvalJob
@@ -66,7 +66,7 @@ class Rig:
             self.adapters.require(adapter, param="adapter")
             return {"adapter": adapter, "adapter_content_sha256": self.adapters.content_hash(adapter)}
 
-        ctx = AdmissionContext(self.suites, resolve, lambda: self.active.name)
+        ctx = IntakeContext(self.suites, resolve, lambda: self.active.name)
         self.evals = EvalJobManager(EvalJobStore(root / "eval-jobs"), ctx, lambda: self.gen)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

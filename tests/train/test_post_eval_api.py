@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln.api.app import create_app
-from kiln.api.state import ServerState
 from kiln.config import DataSettings, EngineSettings, ModelSettings, Settings
+from kiln.server import build_state
 from kiln.testing.schemas import validate
 
 EVALS = "kiln-evals-v1.schema.json"
@@ -34,14 +34,14 @@ def suite(name: str, n: int, scorer: dict, prompt: str = "Tell me about item {i}
 @contextmanager
 def tiny_server(root: Path, suites: list[dict]) -> Iterator[TestClient]:
     """The whole app on a tiny llama (float32, adapters attached) in process, with `suites` stored."""
-    from kiln.engine.serving import build_engine
+    from kiln.engine.build import build_engine
     from kiln.testing.tiny import make_tiny_model
 
     settings = Settings(model=ModelSettings(path=str(make_tiny_model(root / "tiny", arch="llama", init_std=0.3)),
                                             dtype="float32", served_model_id="tiny"),
                         data=DataSettings(data_dir=str(root / "data")),
                         engine=EngineSettings(kv_cache_memory_mb=8, max_model_len=320))
-    state = ServerState(settings=settings)
+    state = build_state(settings)
     app = create_app(settings, state)
     engine = build_engine(settings)
     engine.attach_adapters(state.services.adapter_store, state.services.adapter_compose_cache,

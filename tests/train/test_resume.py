@@ -1,4 +1,4 @@
-"""Resumable training (issue 19.4): a job stopped at a checkpoint -- by a pause (graceful shutdown) or a
+"""Resumable training: a job stopped at a checkpoint -- by a pause (graceful shutdown) or a
 crash after one -- continues to exactly the adapter an uninterrupted run with the same seed produces."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from kiln.adapters.store import AdapterStore
 from kiln.api.errors import parse_model
 from kiln.store.clock import utc_now_rfc3339
+from kiln.testing.stand_in import StandInEngine
 from kiln.train.checkpoint import CheckpointStore
 from kiln.train.distill_plan import plan_self_distill
 from kiln.train.executor import Checkpointing, JobContext, execute
@@ -46,7 +47,8 @@ class Crash(Exception):
 
 @pytest.fixture
 def env(tiny_model, tokenizer, qwen_template, tmp_path):
-    engine = SimpleNamespace(tokenizer=tokenizer, template=qwen_template, info=None, identity=None, model=tiny_model)
+    engine = StandInEngine(tokenizer=tokenizer, template=qwen_template, model=tiny_model,
+                           info=SimpleNamespace(config=tiny_model.config, served_model_id=None, path=None))
     return engine, AdapterStore(tmp_path / "adapters"), CheckpointStore(tmp_path / "ckpt")
 
 

@@ -19,7 +19,6 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.adapters.export import base_model_reference, describe, export_gguf, export_peft
 from kiln.adapters.store import AdapterStore
-from kiln.api.services import ensure_adapters
 from kiln.api.state import get_state
 from kiln.errors import KilnError
 from kiln.model.loader import default_model_path
@@ -34,7 +33,7 @@ async def export_adapter(request: Request, name: str, format: str = "peft") -> R
         raise KilnError(400, "invalid_export_format", f"format must be one of {', '.join(FORMATS)}, not {format!r}",
                         param="format", hint="Use ?format=peft (vLLM, PEFT) or ?format=gguf (llama.cpp).")
     state = get_state(request)
-    store: AdapterStore = ensure_adapters(state)
+    store: AdapterStore = state.services.adapter_store
     folder = store.require(name)
     model_path = state.settings.model.path
     ref = base_model_reference(model_path or str(default_model_path()), embedded=model_path is None)

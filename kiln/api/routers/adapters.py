@@ -1,6 +1,6 @@
 """Adapter routes (semantics.md §1.3, §7): list, upload, download, detail, receipt, delete, merge, load/unload.
 
-Services (created by `init` unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.adapter_store          AdapterStore over settings.adapter_dir
   state.services.adapters_active        ActiveAdapter (the engine hooks its swap into .callbacks)
   state.services.adapter_compose_cache  CompositionCache for chat `adapters:[{name, scale}]`
@@ -29,8 +29,7 @@ from kiln.adapters.merge import merge_adapters
 from kiln.adapters.peft_format import RECEIPT_FILE
 from kiln.adapters.store import NAME_CODE, AdapterStore
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.errors import KilnError
 
 router = APIRouter(tags=["adapters"])
@@ -39,19 +38,13 @@ router = APIRouter(tags=["adapters"])
 _MULTIPART_SLACK = 64 << 10
 
 
-def init(state: ServerState) -> None:
-    ensure_adapters(state)
-
 
 def _store(request: Request) -> AdapterStore:
-    return ensure_adapters(get_state(request))
+    return get_state(request).services.adapter_store
 
 
 def _active(request: Request) -> ActiveAdapter:
-    state = get_state(request)
-    ensure_adapters(state)
-    assert state.services.adapters_active is not None
-    return state.services.adapters_active
+    return get_state(request).services.adapters_active
 
 
 # -- bodies -----------------------------------------------------------------------------------------

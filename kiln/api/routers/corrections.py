@@ -8,7 +8,7 @@
   GET    /v1/corrections/export    ?state= -> the sft_chat rows as JSONL
   POST   /v1/corrections/export    {dataset, state?, description?} -> the new dataset's manifest
 
-Services (kiln.api.services.ensure_corrections): state.services.corrections, a CorrectionStore under
+Services (built by kiln.server.build_server): state.services.corrections, a CorrectionStore under
 <data_dir>/corrections (kiln.train.corrections). Also used: .recorder (finds a served request by id),
 .training (runs the job and tells the store when it ends), .adapter_store, .adapters_active,
 .datasets, .eval_suites.
@@ -25,10 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters, ensure_corrections, ensure_datasets, ensure_training
 from kiln.api.state import ServerState, get_state
-from kiln.engine.records import last_user_text, rehearsal_rows
 from kiln.errors import KilnError
+from kiln.traffic.records import last_user_text, rehearsal_rows
 from kiln.train.corrections import (
     CODE,
     DEFAULT_REPLAY,
@@ -62,7 +61,7 @@ class TrainCorrectionsRequest(BaseModel):
 
     config: dict[str, Any] = Field(default_factory=dict)
     post_eval: dict[str, Any] | None = None
-    # recent served answers nobody corrected, trained alongside as rehearsal (kiln.engine.records)
+    # recent served answers nobody corrected, trained alongside as rehearsal (kiln.traffic.records)
     replay: int = Field(DEFAULT_REPLAY, ge=0, le=64)
 
 
@@ -74,12 +73,9 @@ class ExportRequest(BaseModel):
     description: str | None = None
 
 
-def init(state: ServerState) -> None:
-    ensure_corrections(state)
-
 
 def _store(request: Request) -> CorrectionStore:
-    return ensure_corrections(get_state(request))
+    return get_state(request).services.corrections
 
 
 def _view(c: Correction) -> dict[str, Any]:
@@ -146,7 +142,7 @@ async def export_to_dataset(request: Request) -> JSONResponse:
     if not chosen:
         raise invalid("there are no corrections to export" + (f" in state {req.state!r}" if req.state else ""),
                       param="state")
-    manifest = await run_in_threadpool(ensure_datasets(state).create_rows, req.dataset, [c.sft_row() for c in chosen],
+    manifest = await run_in_threadpool(state.services.datasets.create_rows, req.dataset, [c.sft_row() for c in chosen],
                                        description=req.description or f"{len(chosen)} corrections")
     return JSONResponse(manifest)
 
@@ -178,11 +174,11 @@ async def train_corrections(request: Request) -> JSONResponse:
 
     engine = state.require_engine()
     try:
-        manager = ensure_training(state)
+        manager = state.services.training
     except Exception:  # noqa: BLE001
         raise KilnError(503, "training_unavailable", "this server runs no training jobs") from None
     return JSONResponse(await submit_corrections(
         _store(request), manager, config=body.config, post_eval=body.post_eval, rehearsal=rehearsal,
         parse=lambda sft: parse_model(SftRequest, sft, code=TRAIN_CODE, prefix=TRAIN_PREFIX),
-        active_name=state.services.active_adapter_name(), engine=engine, adapters=ensure_adapters(state),
+        active_name=state.services.active_adapter_name(), engine=engine, adapters=state.services.adapter_store,
         datasets=state.services.datasets, suites=state.services.eval_suites))

@@ -1,6 +1,6 @@
 """Dataset routes: upload, list, show, rows, split, delete (semantics.md §1.6, §9).
 
-Needs `state.services.datasets`, a DatasetStore under `<data_dir>/datasets` built by `init`.
+Needs `state.services.datasets`, a DatasetStore under `<data_dir>/datasets` built by kiln.server.build_server.
 Handlers that touch the disk are plain `def` (or hand the work to the thread pool) because the
 store takes file locks and fsyncs.
 """
@@ -14,8 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from kiln.api.errors import read_json_body
-from kiln.api.services import ensure_datasets
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.data.datasets import DatasetStore, check_dataset_name, check_split
 from kiln.data.formats import INVALID, invalid
 from kiln.errors import KilnError
@@ -26,12 +25,9 @@ DEFAULT_ROWS_LIMIT = 100
 MAX_ROWS_LIMIT = 5000
 
 
-def init(state: ServerState) -> None:
-    ensure_datasets(state)
-
 
 def _store(request: Request) -> DatasetStore:
-    return ensure_datasets(get_state(request))
+    return get_state(request).services.datasets
 
 
 def _text_field(form: Any, key: str) -> str | None:

@@ -1,6 +1,6 @@
 """Eval job routes (semantics.md §1.5, §8.10-8.13): run, compare, list, result, cancel, rerun, replay.
 
-Services (kiln.api.services.ensure_eval_jobs, unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.eval_jobs    EvalJobManager (archives under <data_dir>/eval/jobs)
   state.services.eval_suites  SuiteStore, shared with the suite routes
 Adapters are known through state.services.adapter_store when present; the default for a run
@@ -15,13 +15,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import read_json_body
-from kiln.api.services import ensure_eval_jobs
-from kiln.api.state import ServerState, get_state
-from kiln.evals.admission import (
-    admit_compare,
-    admit_replay,
-    admit_rerun,
-    admit_run,
+from kiln.api.state import get_state
+from kiln.evals.intake import (
+    job_for_compare,
+    job_for_replay,
+    job_for_rerun,
+    job_for_run,
 )
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.jobs import EvalJob
@@ -33,13 +32,10 @@ router = APIRouter(tags=["evals"])
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-def init(state: ServerState) -> None:
-    ensure_eval_jobs(state)
-
 
 def _manager(request: Request) -> EvalJobManager:
-    manager = ensure_eval_jobs(get_state(request))
-    manager.ensure_started()
+    manager = get_state(request).services.eval_jobs
+    manager.start_worker()
     return manager
 
 
@@ -58,7 +54,7 @@ async def run_eval(request: Request) -> JSONResponse:
     manager = _manager(request)
     req = parse_run_request(await _body(request))
     manager.generator()  # 503 while the model loads
-    job = manager.submit(admit_run(manager.ctx, req))
+    job = manager.submit(job_for_run(manager.ctx, req))
     return _receipt(job, f"Queued eval against suite `{job.suite.name}`")
 
 
@@ -67,7 +63,7 @@ async def compare_eval(request: Request) -> JSONResponse:
     manager = _manager(request)
     spec = parse_compare_spec(await _body(request))
     manager.generator()
-    job = manager.submit(admit_compare(manager.ctx, spec))
+    job = manager.submit(job_for_compare(manager.ctx, spec))
     return _receipt(job, f"Queued compare-mode eval against suite `{job.suite.name}`")
 
 
@@ -92,7 +88,7 @@ async def rerun_job(request: Request, job_id: str) -> JSONResponse:
     source = manager.get(job_id)
     spec = parse_rerun_body(await _body(request, optional=True))
     manager.generator()
-    job = manager.submit(admit_rerun(manager.ctx, source, spec))
+    job = manager.submit(job_for_rerun(manager.ctx, source, spec))
     return _receipt(job, f"Queued re-run of {len(job.suite.examples)} example(s) from `{source.suite.name}`")
 
 
@@ -102,5 +98,5 @@ async def replay_job(request: Request, job_id: str) -> JSONResponse:
     source = manager.get(job_id)
     run_index = parse_replay_body(await _body(request, optional=True))
     current = await manager.generator().identity()
-    job = manager.submit(admit_replay(manager.ctx, source, run_index, current))
+    job = manager.submit(job_for_replay(manager.ctx, source, run_index, current))
     return _receipt(job, f"Queued strict replay of source job `{job_id}` run {run_index}")

@@ -6,8 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import read_json_body
-from kiln.api.services import ensure_suites
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.evals.suite import CODE, PREFIX, parse_suite
 from kiln.evals.suite_store import SuiteStore
 
@@ -16,12 +15,9 @@ router = APIRouter(tags=["evals"])
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-def init(state: ServerState) -> None:
-    ensure_suites(state)
-
 
 def _store(request: Request) -> SuiteStore:
-    return ensure_suites(get_state(request))
+    return get_state(request).services.eval_suites
 
 
 

@@ -2,8 +2,8 @@
 preference JSONL (§1.7, §11).
 
 Needs `state.services.judgments` (a JudgmentStore under `<data_dir>/judgments`) and
-`state.services.datasets` for compile; `init` builds both when missing. Validate queues an eval
-through `state.services.eval_jobs` (the EvalJobManager the eval job routes build).
+`state.services.datasets` for compile (kiln.server.build_server builds both). Validate queues an eval
+through `state.services.eval_jobs`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_datasets, ensure_judgments
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.data.judge_prompt import render_judge_prompt
 from kiln.data.judgment_rows import INVALID, row_from_body
 from kiln.data.judgments import JudgmentStore
@@ -69,12 +68,9 @@ class PromoteJudgmentBody(_Body):
     holdout_n: int | None = Field(default=None, ge=0, strict=True)
 
 
-def init(state: ServerState) -> None:
-    ensure_judgments(state)
-
 
 def _store(request: Request) -> JudgmentStore:
-    return ensure_judgments(get_state(request))
+    return get_state(request).services.judgments
 
 
 async def _body(request: Request, model: type[_Body]) -> Any:
@@ -142,7 +138,7 @@ async def compile_judgment(request: Request, name: str) -> dict[str, Any]:
     body: CompileJudgmentBody = await _body(request, CompileJudgmentBody)
     state = get_state(request)
     return await run_in_threadpool(
-        _store(request).compile, name, ensure_datasets(state), body.output_dataset,
+        _store(request).compile, name, state.services.datasets, body.output_dataset,
         holdout_n=body.holdout_n, include_skips=body.include_skips,
     )
 

@@ -1,9 +1,9 @@
 """Live statistics: GET /v1/stats/recent-requests (the last finished requests, newest first; `?limit=`,
 `?status=ok|rejected|error|timeout|cancelled`, `?kind=chat|batch`) and GET /v1/stats/decode.
 
-Services (kiln.api.services.ensure_recorder, unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.recorder   CompletionRecorder: the recent-request ring, the request log when
-                            `[request_log] enabled`, and the Prometheus listener (kiln.engine.records)
+                            `[request_log] enabled`, and the Prometheus listener (kiln.traffic.records)
 Every completion reaches the recorder through `Engine.finish_completion` -> `ServerState.completion_finished`;
 a request refused before the engine took it through `recording_refusals` (the chat and batch routes).
 The decode window lives on the engine actor (`actor.decode_stats`), which feeds it once per model step.
@@ -20,19 +20,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.access_log import current_request_id, new_request_id
-from kiln.api.services import ensure_recorder
 from kiln.api.state import ServerState, get_state
 from kiln.core.thinking_budget import resolve_budget
 from kiln.engine.chat_response import status_of
-from kiln.engine.records import STATUSES, CompletionRecorder, rejected_record
 from kiln.engine.timing import now
 from kiln.errors import KilnError, model_loading
+from kiln.traffic.records import STATUSES, CompletionRecorder, rejected_record
 
 router = APIRouter(tags=["observability"])
 
-
-def init(state: ServerState) -> None:
-    ensure_recorder(state)
 
 
 def recorder_for(state: ServerState) -> CompletionRecorder | None:

@@ -1,9 +1,9 @@
 """Suite synthesis from a dataset partition (semantics.md §1.6, §10): preview, and synthesize + save.
 
 Needs `state.services.datasets` (DatasetStore) and `state.services.eval_suites` (SuiteStore),
-built by those routers' `init`. `run_against` admits one on-demand run of the saved suite per adapter
-through the eval job manager (`EvalJobManager`) found at request time under
-`state.services.eval_jobs`; without one it is a 503 before anything is saved.
+built by kiln.server.build_server. `run_against` admits one on-demand run of the saved suite per adapter
+through the eval job manager (`EvalJobManager`) at `state.services.eval_jobs`; a server without a
+usable one answers 503 before anything is saved.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def preview_suite(request: Request, name: str) -> JSONResponse:
 
 def _eval_jobs(request: Request) -> Any:
     jobs = get_state(request).services.eval_jobs
-    if jobs is None or not all(hasattr(jobs, attr) for attr in ("ctx", "submit", "ensure_started")):
+    if jobs is None or not all(hasattr(jobs, attr) for attr in ("ctx", "submit", "start_worker")):
         raise KilnError(503, "eval_registry_unavailable", "run_against needs the eval job manager, which is not "
                         "available on this server", param="run_against",
                         hint="Synthesize without run_against, then start runs with POST /v1/eval/run.")

@@ -1,11 +1,11 @@
 """Training routes (semantics.md §1.4, §12): SFT, GRPO, DPO, OPD and self-distillation jobs, status, queue,
 cancel, resume.
 
-Services (kiln.api.services.ensure_training, unless a test put its own first):
+Services (built by kiln.server.build_server):
   state.services.training   TrainingManager (records under <data_dir>/train/jobs)
 Also used: state.services.adapter_store, .adapters_active, .datasets, .judgments (DPO from a judgment
-set; built here when missing), .teachers (OPD's teacher; built here when missing), and .eval_suites / .eval_jobs
-(the eval routes build them; registered first) for `post_eval`: the training manager queues post-training eval jobs through
+set), .teachers (OPD's teacher), and .eval_suites / .eval_jobs
+for `post_eval`: the training manager queues post-training eval jobs through
 the eval job manager and listens for their end to resolve the gate (semantics.md §8.14).
 """
 
@@ -20,8 +20,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
-from kiln.api.services import ensure_adapters, ensure_judgments, ensure_teachers, ensure_training
-from kiln.api.state import ServerState, get_state
+from kiln.api.state import get_state
 from kiln.train.distill_plan import plan_opd, plan_self_distill
 from kiln.train.errors import CODE, PREFIX
 from kiln.train.manager import TrainingManager
@@ -34,12 +33,8 @@ router = APIRouter(tags=["training"])
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
-def init(state: ServerState) -> None:
-    ensure_training(state)
-
-
 def _manager(request: Request) -> TrainingManager:
-    return ensure_training(get_state(request))
+    return get_state(request).services.training
 
 
 async def _body(request: Request) -> Any:
@@ -53,7 +48,7 @@ async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResp
     body = await _body(request)
     req = parse_model(model, body, code=CODE, prefix=PREFIX)
     engine = state.require_engine()
-    return JSONResponse(await submit_training(manager, req, planner, engine, ensure_adapters(state),
+    return JSONResponse(await submit_training(manager, req, planner, engine, state.services.adapter_store,
                                               state.services.datasets, state.services.eval_suites,
                                               request_body=body if isinstance(body, dict) else None))
 
@@ -71,12 +66,12 @@ async def train_grpo(request: Request) -> JSONResponse:
 
 @router.post("/v1/train/dpo")
 async def train_dpo(request: Request) -> JSONResponse:
-    return await _submit(request, DpoRequest, partial(plan_dpo, judgments=ensure_judgments(get_state(request))))
+    return await _submit(request, DpoRequest, partial(plan_dpo, judgments=get_state(request).services.judgments))
 
 
 @router.post("/v1/train/opd")
 async def train_opd(request: Request) -> JSONResponse:
-    return await _submit(request, OpdRequest, partial(plan_opd, teachers=ensure_teachers(get_state(request))))
+    return await _submit(request, OpdRequest, partial(plan_opd, teachers=get_state(request).services.teachers))
 
 
 @router.post("/v1/distill/self")
@@ -88,9 +83,9 @@ async def distill_self(request: Request) -> JSONResponse:
 async def resume(request: Request, job_id: str) -> JSONResponse:
     state = get_state(request)
     return JSONResponse(await resume_training(_manager(request), job_id, state.require_engine(),
-                                              ensure_adapters(state), state.services.datasets,
-                                              state.services.eval_suites, ensure_judgments(state),
-                                              ensure_teachers(state)))
+                                              state.services.adapter_store, state.services.datasets,
+                                              state.services.eval_suites, state.services.judgments,
+                                              state.services.teachers))
 
 
 @router.get("/v1/train/status")

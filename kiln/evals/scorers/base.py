@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -49,9 +49,6 @@ class ScoreResult:
     @property
     def passed(self) -> bool:
         return self.outcome == PASS
-
-    def with_detail(self, detail: str) -> ScoreResult:
-        return replace(self, detail=detail)
 
 
 def passed(score: float = 1.0, detail: str = "") -> ScoreResult:

@@ -9,7 +9,7 @@ from typing import Any
 
 from kiln.data.datasets import DatasetStore, check_dataset_name
 from kiln.data.formats import invalid
-from kiln.evals.admission import admit_run
+from kiln.evals.intake import job_for_run
 from kiln.evals.requests import RunRequest
 from kiln.evals.suite import aggregation_to_json, suite_summary
 from kiln.evals.suite_store import SuiteStore
@@ -59,6 +59,6 @@ async def synthesize_and_save(datasets: DatasetStore, suites: SuiteStore, jobs: 
 
 def _queue_run(jobs: Any, suite_name: str, adapter: str) -> str:
     """Queue one on-demand run of the registered suite against `adapter` ("" = base), no generation override."""
-    job = admit_run(jobs.ctx, RunRequest(suite_name=suite_name, adapter=adapter))
-    jobs.ensure_started()
+    job = job_for_run(jobs.ctx, RunRequest(suite_name=suite_name, adapter=adapter))
+    jobs.start_worker()
     return jobs.submit(job).job_id

@@ -26,6 +26,7 @@
 #include "lora_bgmv.h"
 #include "qlinear.h"
 #include "qlinear_float.h"
+#include "qlinear_kquant.h"
 #include "silu_mul.h"
 
 #include <algorithm>
@@ -74,20 +75,33 @@ inline void spin_pause() {
 #endif
 }
 
+// Projection kinds past the dense tiles': K-quant tiles (qlinear_kquant, format kind - kKQuant), and
+// parts of different kinds whose outputs concatenate (a Q4_K_M layer's Q4_K q/k beside its Q6_K v)
+constexpr int64_t kKQuant = 10;
+constexpr int64_t kParts = 20;
+
 struct Projection {
   torch::Tensor qs, scales, codes;
   int64_t kind, n, k;
   bool float_act = false;   // packed weights with float activations (qlinear_float) instead of int8
   c10::optional<torch::Tensor> bias;
+  std::vector<Projection> parts;   // kind kParts: each part's outputs, concatenated in order
 
   // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs); kind 3 / 4:
   // those tiles (qs) and the same values as 4-bit / int8 codes (codes, scales) for decode rows
   // out_float: float32 sums (logits), from float32 activations for packed weights as the LM head's
   // Python path gives them (kiln/model/transformer.py's compute_logits)
   torch::Tensor operator()(const torch::Tensor& x, bool out_float = false) const {
-    if (kind >= 3 && x.size(0) <= kCodedMaxRows) return linear_bf16_coded(x, codes, scales, kind - 3, n, k, bias, -1, out_float);
-    if (kind >= 2) return linear_bf16(x, qs, n, k, bias, -1, out_float);
+    if (kind == kParts) {
+      std::vector<torch::Tensor> ys;
+      for (const auto& part : parts) ys.push_back(part(x, out_float));
+      return torch::cat(ys, -1);
+    }
+    if ((kind == 3 || kind == 4) && x.size(0) <= kCodedMaxRows)
+      return linear_bf16_coded(x, codes, scales, kind - 3, n, k, bias, -1, out_float);
+    if (kind >= 2 && kind <= 4) return linear_bf16(x, qs, n, k, bias, -1, out_float);
     if (out_float) return (*this)(x.to(torch::kFloat32));
+    if (kind >= kKQuant) return qlinear_kquant(x, qs, scales, kind - kKQuant, n, k, bias, -1, false);
     if (float_act) return qlinear_float(x, qs, scales, kind, n, k, bias, -1, false);
     return qlinear(x, qs, scales, kind, n, k, bias, -1);
   }
@@ -124,7 +138,7 @@ class DecodeStack {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t min_split_rows() const {
     if (min_split_rows_ > 0) return min_split_rows_;
-    return !layers_.empty() && layers_[0].o.kind >= 2 ? kMinSplitRowsTiles : kMinSplitRows;
+    return !layers_.empty() && layers_[0].o.kind >= 2 && layers_[0].o.kind <= 4 ? kMinSplitRowsTiles : kMinSplitRows;
   }
   void set_min_split_rows(int64_t n) {
     TORCH_CHECK_VALUE(n >= 1, "DecodeStack.min_split_rows must be at least 1");
@@ -364,16 +378,23 @@ class DecodeStack {
   static Projection to_projection(const py::object& packed) {
     // kiln/model/decode_stack.py's projection: qs, scales, kind, out_features, in_features, bias
     Projection p;
-    p.qs = packed.attr("qs").cast<torch::Tensor>();
     const auto kind = packed.attr("kind").cast<std::string>();
-    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16" || kind == "bf16_codes0" || kind == "bf16_codes1",
-                      "DecodeStack: unknown weight kind ", kind);
-    p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : kind == "bf16" ? 2 : kind == "bf16_codes0" ? 3 : 4;
-    if (p.kind != 2) p.scales = packed.attr("scales").cast<torch::Tensor>();
-    if (p.kind >= 3) p.codes = packed.attr("codes").cast<torch::Tensor>();
-    p.float_act = py::hasattr(packed, "float_act") && packed.attr("float_act").cast<bool>();
     p.n = packed.attr("out_features").cast<int64_t>();
     p.k = packed.attr("in_features").cast<int64_t>();
+    if (kind == "parts") {
+      p.kind = kParts;
+      for (const auto& part : packed.attr("parts").cast<std::vector<py::object>>()) p.parts.push_back(to_projection(part));
+      return p;
+    }
+    p.qs = packed.attr("qs").cast<torch::Tensor>();
+    TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16" || kind == "bf16_codes0" || kind == "bf16_codes1" ||
+                          kind == "q4_k" || kind == "q5_k" || kind == "q6_k",
+                      "DecodeStack: unknown weight kind ", kind);
+    p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : kind == "bf16" ? 2 : kind == "bf16_codes0" ? 3
+           : kind == "bf16_codes1" ? 4 : kind == "q4_k" ? kKQuant : kind == "q5_k" ? kKQuant + 1 : kKQuant + 2;
+    if (p.kind != 2) p.scales = packed.attr("scales").cast<torch::Tensor>();
+    if (p.kind == 3 || p.kind == 4) p.codes = packed.attr("codes").cast<torch::Tensor>();
+    p.float_act = py::hasattr(packed, "float_act") && packed.attr("float_act").cast<bool>();
     py::object bias = packed.attr("bias");
     if (!bias.is_none()) p.bias = bias.cast<torch::Tensor>();
     return p;

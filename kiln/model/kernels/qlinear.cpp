@@ -28,6 +28,7 @@
 #include "isa.h"
 #include "qlinear.h"
 #include "qlinear_float.h"
+#include "qlinear_kquant.h"
 #include "lora_bgmv.h"
 #include "silu_mul.h"
 #include <ATen/Parallel.h>  // at::get_num_threads, at::in_parallel_region
@@ -1025,6 +1026,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("qs"), py::arg("scales"), py::arg("kind"), py::arg("n"), py::arg("k"),
         py::arg("bias") = py::none(), py::arg("isa") = -1, py::arg("out_float") = false,
         py::call_guard<py::gil_scoped_release>());
+  m.def("qlinear_kquant", &kiln::qlinear_kquant,
+        "y = x @ W^T (+ bias) for tiled Q4_K / Q5_K / Q6_K weights, float32 activations", py::arg("x"),
+        py::arg("qs"), py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
+        py::arg("isa") = -1, py::arg("out_float") = false, py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("best_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.engine.records import (
+from kiln.testing.schemas import validate
+from kiln.traffic.records import (
     ChoiceRecord,
     CompletionRecord,
     CompletionRecorder,
@@ -14,7 +15,6 @@ from kiln.engine.records import (
     record_from_log_row,
     rehearsal_rows,
 )
-from kiln.testing.schemas import validate
 
 TB = "thinking-budget-v1.schema.json"
 UNLIMITED = {"configured": False, "tokens_source": "unlimited", "time_source": "unlimited"}

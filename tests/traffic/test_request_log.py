@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.store.request_log import ACTIVE, RequestLog, enforce_retention, log_files, read_rows, recover
+from kiln.traffic.request_log import ACTIVE, RequestLog, enforce_retention, log_files, read_rows, recover
 
 WRITER = Path(__file__).with_name("crash_request_log.py")
 

@@ -35,7 +35,7 @@ TargetResolver = Callable[[str | None], dict[str, Any]]
 
 
 @dataclass
-class AdmissionContext:
+class IntakeContext:
     suites: SuiteStore | None
     resolve_target: TargetResolver
     active_adapter: Callable[[], str | None]
@@ -49,7 +49,7 @@ def base_target_only(adapter: str | None) -> dict[str, Any]:
                     hint="GET /v1/adapters lists the adapters this server has; \"\" selects the base model.")
 
 
-def _registered(ctx: AdmissionContext, name: str) -> EvalSuite:
+def _registered(ctx: IntakeContext, name: str) -> EvalSuite:
     if ctx.suites is None:
         raise KilnError(503, "eval_registry_unavailable", "the eval suite registry is not available",
                         hint="Send the suite as inline_suite instead.")
@@ -64,7 +64,7 @@ def _check_override(suite: EvalSuite, override: GenerationParams | None) -> None
     check_completions_per_example(resolve_examples(suite, override), suite.k)
 
 
-def admit_run(ctx: AdmissionContext, req: RunRequest) -> EvalJob:
+def job_for_run(ctx: IntakeContext, req: RunRequest) -> EvalJob:
     suite = req.inline_suite if req.inline_suite is not None else _registered(ctx, req.suite_name or "")
     # Omitted or null: the adapter the server applies by default; "" is the base model.
     adapter = ctx.active_adapter() if not req.adapter_given or req.adapter is None else _adapter_name(req.adapter)
@@ -74,7 +74,7 @@ def admit_run(ctx: AdmissionContext, req: RunRequest) -> EvalJob:
     return EvalJob(new_job_id(), suite, [adapter], "on_demand", seed, req.generation)
 
 
-def admit_compare(ctx: AdmissionContext, spec: CompareSpec) -> EvalJob:
+def job_for_compare(ctx: IntakeContext, spec: CompareSpec) -> EvalJob:
     suite = _registered(ctx, spec.suite_name)
     adapters = [_adapter_name(a) for a in spec.adapters]
     for i, adapter in enumerate(adapters):
@@ -88,7 +88,7 @@ def admit_compare(ctx: AdmissionContext, spec: CompareSpec) -> EvalJob:
     return EvalJob(new_job_id(), suite, adapters, "compare", seed, spec.generation)
 
 
-def admit_rerun(ctx: AdmissionContext, source: EvalJob, spec: RerunSpec) -> EvalJob:
+def job_for_rerun(ctx: IntakeContext, source: EvalJob, spec: RerunSpec) -> EvalJob:
     kinds = set(spec.outcome_kinds) | ({"pass"} if spec.include_pass else set())
     ids = {a["example_id"] for run in source.runs for a in run["aggregated_outcomes"] if a["kind"] in kinds}
     if not ids:
@@ -106,8 +106,8 @@ def admit_rerun(ctx: AdmissionContext, source: EvalJob, spec: RerunSpec) -> Eval
     return EvalJob(new_job_id(), suite, [adapter], "on_demand", seed, source.generation_override)
 
 
-def admit_replay(ctx: AdmissionContext, source: EvalJob, run_index: int, current: GeneratorIdentity) -> EvalJob:
-    """Strict admission: the record must be sound, match its job, and match this server now."""
+def job_for_replay(ctx: IntakeContext, source: EvalJob, run_index: int, current: GeneratorIdentity) -> EvalJob:
+    """Strict intake: the record must be sound, match its job, and match this server now."""
     if source.state != "completed":
         raise invalid_request(f"job {source.job_id} is {source.state}; only completed jobs can be replayed",
                               param="job_id")
@@ -132,7 +132,7 @@ def admit_replay(ctx: AdmissionContext, source: EvalJob, run_index: int, current
     return job
 
 
-def _identity_problems(ctx: AdmissionContext, source: EvalJob, run: Mapping[str, Any],
+def _identity_problems(ctx: IntakeContext, source: EvalJob, run: Mapping[str, Any],
                        record: Mapping[str, Any], current: GeneratorIdentity) -> list[str]:
     out = []
     if record["suite_sha256"] != run.get("suite_hash"):
@@ -158,7 +158,7 @@ def _identity_problems(ctx: AdmissionContext, source: EvalJob, run: Mapping[str,
     return out
 
 
-def _target_problems(ctx: AdmissionContext, record: Mapping[str, Any]) -> list[str]:
+def _target_problems(ctx: IntakeContext, record: Mapping[str, Any]) -> list[str]:
     wanted = [record["model_target"], *record.get("judge_targets", [])]
     out = []
     for target in wanted:
@@ -173,7 +173,7 @@ def _target_problems(ctx: AdmissionContext, record: Mapping[str, Any]) -> list[s
     return out
 
 
-def judge_targets_for(ctx: AdmissionContext, suite: EvalSuite,
+def judge_targets_for(ctx: IntakeContext, suite: EvalSuite,
                       override: GenerationParams | None) -> dict[str | None, dict[str, Any]]:
     """Identity of each judge adapter the suite's scorers need; unknown ones are left out."""
     out: dict[str | None, dict[str, Any]] = {}

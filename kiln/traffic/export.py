@@ -1,4 +1,4 @@
-"""Served traffic as training data: request-log rows (kiln.store.request_log) -> `sft_chat` rows.
+"""Served traffic as training data: request-log rows (kiln.traffic.request_log) -> `sft_chat` rows.
 
 Each exported row is one served choice: the request's conversation plus the assistant message the
 client received. The filters pick which requests count: a time range on `created`, the adapter that

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kiln.store.request_log import RequestLog  # noqa: E402
+from kiln.traffic.request_log import RequestLog  # noqa: E402
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.data.formats import sft_problem
-from kiln.data.traffic import ExportFilter, ExportStats, parse_when, sft_rows
+from kiln.traffic.export import ExportFilter, ExportStats, parse_when, sft_rows
 
 Q = [{"role": "user", "content": "capital of France?"}]
 

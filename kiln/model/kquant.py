@@ -1,0 +1,233 @@
+"""GGUF K-quant blocks (Q4_K, Q5_K, Q6_K) as tiled `PackedWeight`s for kernels/qlinear_kquant.cpp.
+
+A weight keeps its bytes: each row's superblock of 256 K values is first rewritten as a *row record*
+of the same size (the codes' low nibbles paired as q4_1 pairs them, the high bits, scales and float16
+factors as they are), and 16 rows' records become a tile's superblock by a fixed byte permutation
+(`_permutation`), split into codes (`qs [T, S, 8 * QB]`) and scales (`scales [T, S, SB]`). Untiling
+inverts it, so row selection (llama.cpp's Q/K order), concatenation and dequantization work on records.
+
+Row records (per superblock; q = the 256 integer codes, group j = codes 32j..32j+31):
+- Q4_K (144 bytes): d f16, dmin f16, GGUF's 12 scale bytes, then per group 16 bytes, byte k = q[k] |
+  q[16+k] << 4.
+- Q5_K (176): as Q4_K with the low 4 bits, then per group 4 bytes, byte i bit c = bit 4 of q[4c+i],
+  bit 4+c = bit 4 of q[16+4c+i].
+- Q6_K (210): d f16, the 16 int8 scales, per group 16 nibble bytes (low 4 bits), then per group 8 bytes,
+  byte 4h+i bits 2c..2c+1 = bits 4..5 of q[16h+4c+i].
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kiln.model.quant import TILE_ROWS, GGUFData, PackedWeight
+
+SUPER = 256
+
+
+@dataclass(frozen=True)
+class KFormat:
+    kind: str
+    gguf_bytes: int     # bytes of a GGUF block = a row record
+    group_bytes: int    # a tile's codes for 32 K values
+    scale_bytes: int    # a tile's scales for a superblock
+
+    @property
+    def super_bytes(self) -> int:
+        return 8 * self.group_bytes
+
+
+FORMATS = {
+    "q4_k": KFormat("q4_k", 144, 256, 256),
+    "q5_k": KFormat("q5_k", 176, 320, 256),
+    "q6_k": KFormat("q6_k", 210, 384, 288),
+}
+
+
+@functools.cache
+def _permutation(kind: str) -> Tensor:
+    """For each byte of a tile's superblock (codes, then scales): the byte of the 16 row records
+    (`row * record_bytes + offset`) it holds."""
+    f = FORMATS[kind]
+    rb = f.gguf_bytes
+    src = np.full(TILE_ROWS * rb, -1, dtype=np.int64)
+    nib0 = 18 if kind == "q6_k" else 16          # where the nibble bytes start in a record
+    for r in range(TILE_ROWS):
+        for j in range(8):
+            g = j * f.group_bytes
+            for c in range(4):
+                for i in range(4):
+                    src[g + c * 64 + r * 4 + i] = r * rb + nib0 + 16 * j + 4 * c + i
+            if kind == "q5_k":
+                for i in range(4):
+                    src[g + 256 + r * 4 + i] = r * rb + 144 + 4 * j + i
+            if kind == "q6_k":
+                for h in range(2):
+                    for i in range(4):
+                        src[g + 256 + h * 64 + r * 4 + i] = r * rb + 146 + 8 * j + 4 * h + i
+        s = f.super_bytes
+        if kind == "q6_k":
+            src[s + 2 * r: s + 2 * r + 2] = [r * rb, r * rb + 1]
+            for k in range(16):
+                src[s + 32 + k * 16 + r] = r * rb + 2 + k
+        else:
+            src[s + 2 * r: s + 2 * r + 2] = [r * rb, r * rb + 1]
+            src[s + 32 + 2 * r: s + 32 + 2 * r + 2] = [r * rb + 2, r * rb + 3]
+            for b in range(12):
+                src[s + 64 + b * 16 + r] = r * rb + 4 + b
+    assert sorted(src.tolist()) == list(range(TILE_ROWS * rb)), f"{kind}: the tile layout is not a permutation"
+    return torch.from_numpy(src)
+
+
+@functools.cache
+def _inverse(kind: str) -> Tensor:
+    perm = _permutation(kind)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel())
+    return inv
+
+
+# ---------------------------------------------------------------- GGUF blocks -> row records
+
+
+def _codes(kind: str, b: np.ndarray) -> np.ndarray:
+    """The integer codes `[blocks, 8, 32]` (uint8) of GGUF blocks `b [blocks, gguf_bytes]`, in K order
+    (gguf.quants' unpacking)."""
+    nb = b.shape[0]
+    if kind == "q6_k":
+        ql, qh = b[:, :128], b[:, 128:192]
+        lo = (ql.reshape(nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+        hi = (qh.reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+        return (lo.reshape(nb, 8, 32) | (hi.reshape(nb, 8, 32) << 4)).astype(np.uint8)
+    qs = b[:, -128:]
+    q = (qs.reshape(nb, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+    q = q.reshape(nb, 8, 32)
+    if kind == "q5_k":
+        qh = b[:, 16:48]
+        hb = (qh.reshape(nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+        q = q | (hb << 4)
+    return q.astype(np.uint8)
+
+
+def _records(kind: str, b: np.ndarray) -> np.ndarray:
+    """Row records `[blocks, gguf_bytes]` of GGUF blocks `[blocks, gguf_bytes]`."""
+    nb = b.shape[0]
+    q = _codes(kind, b)
+    nib = ((q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)).reshape(nb, 128)
+    parts: list[np.ndarray]
+    if kind == "q6_k":
+        h2 = ((q >> 4) & 3).reshape(nb, 8, 2, 4, 4)   # [group, h, c, i]
+        high = np.zeros((nb, 8, 2, 4), np.uint8)
+        for c in range(4):
+            high |= h2[:, :, :, c, :] << (2 * c)
+        parts = [b[:, 208:210], b[:, 192:208], nib, high.reshape(nb, 64)]
+    else:
+        parts = [b[:, :16], nib]
+        if kind == "q5_k":
+            h1 = ((q >> 4) & 1).reshape(nb, 8, 2, 4, 4)
+            high = np.zeros((nb, 8, 4), np.uint8)
+            for h in range(2):
+                for c in range(4):
+                    high |= h1[:, :, h, c, :] << (4 * h + c)
+            parts.append(high.reshape(nb, 32))
+    return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.uint8)
+
+
+def _gguf_rows(kind: str, data: GGUFData, shape: Sequence[int]) -> tuple[np.ndarray, int, int]:
+    f = FORMATS[kind]
+    if len(shape) != 2:
+        raise ValueError(f"{kind}: expected a 2-D shape (out, in), got {tuple(shape)}")
+    n, k = int(shape[0]), int(shape[1])
+    if k % SUPER:
+        raise ValueError(f"{kind}: in_features {k} is not a multiple of {SUPER}")
+    if isinstance(data, Tensor):
+        raw = data.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy()
+    else:
+        raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    raw = raw.reshape(-1)
+    expected = n * (k // SUPER) * f.gguf_bytes
+    if raw.size != expected:
+        raise ValueError(f"{kind}: {raw.size} bytes for shape {(n, k)}, expected {expected}")
+    return raw.reshape(n * (k // SUPER), f.gguf_bytes), n, k
+
+
+def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor | None = None) -> PackedWeight:
+    """GGUF K-quant blocks of a `[N, K]` tensor as a tiled weight (float activations); `rows`: the output
+    rows to keep, in order (llama.cpp's Q/K permutation undone), else all."""
+    blocks, n, k = _gguf_rows(kind, data, shape)
+    rec = torch.from_numpy(_records(kind, blocks)).view(n, k // SUPER, -1)
+    if rows is not None:
+        rec = rec[torch.as_tensor(rows, dtype=torch.long)]
+    return tile(kind, k, rec)
+
+
+# ---------------------------------------------------------------- records <-> tiles
+
+
+def tile(kind: str, in_features: int, rec: Tensor) -> PackedWeight:
+    """Row records `[N, S, gguf_bytes]` (uint8) as a tiled weight; rows past N are zero (d = 0)."""
+    f = FORMATS[kind]
+    n, s, rb = rec.shape
+    t = -(-n // TILE_ROWS)
+    if t * TILE_ROWS != n:
+        rec = F.pad(rec, (0, 0, 0, 0, 0, t * TILE_ROWS - n))
+    # [T, r, S, b] -> [T, S, r * rb + b], then the tile's byte order
+    x = rec.reshape(t, TILE_ROWS, s, rb).permute(0, 2, 1, 3).reshape(t, s, TILE_ROWS * rb)
+    x = x[..., _permutation(kind)]
+    qs, scales = x[..., : f.super_bytes].contiguous(), x[..., f.super_bytes:].contiguous()
+    return PackedWeight(kind, n, in_features, qs, scales, True)  # type: ignore[arg-type]
+
+
+def records(p: PackedWeight) -> Tensor:
+    """The row records `[out_features, S, gguf_bytes]` of a tiled K-quant weight."""
+    f = FORMATS[p.kind]
+    t, s, _ = p.qs.shape
+    x = torch.cat([p.qs, p.scales], dim=-1)[..., _inverse(p.kind)]
+    return x.reshape(t, s, TILE_ROWS, f.gguf_bytes).permute(0, 2, 1, 3).reshape(t * TILE_ROWS, s, -1)[: p.out_features]
+
+
+def select_rows(p: PackedWeight, index: Tensor | Sequence[int]) -> PackedWeight:
+    idx = torch.as_tensor(index, dtype=torch.long)
+    return tile(p.kind, p.in_features, records(p)[idx])
+
+
+def concat(parts: Sequence[PackedWeight]) -> PackedWeight:
+    return tile(parts[0].kind, parts[0].in_features, torch.cat([records(p) for p in parts]))
+
+
+def dequantize(p: PackedWeight) -> Tensor:
+    """float32 `[out_features, in_features]`, computed as gguf.quants.dequantize computes it."""
+    rec = records(p)
+    n, s, _ = rec.shape
+    raw = rec.reshape(n * s, -1)
+    r = raw.to(torch.int32)
+
+    def f16(at: int) -> Tensor:
+        return raw[:, at: at + 2].contiguous().view(torch.float16).float()
+
+    if p.kind == "q6_k":
+        nib = r[:, 18:146].reshape(-1, 8, 16)
+        high = r[:, 146:210].reshape(-1, 8, 2, 1, 4) >> (2 * torch.arange(4).reshape(1, 1, 1, 4, 1))
+        q = torch.cat([nib & 15, nib >> 4], dim=-1) | ((high & 3).reshape(-1, 8, 32) << 4)
+        sc = raw[:, 2:18].contiguous().view(torch.int8).float()
+        d = (f16(0) * sc).reshape(-1, 16, 1)
+        w = d * (q - 32).float().reshape(-1, 16, 16)
+        return w.reshape(n, s * SUPER)
+    nib = r[:, 16:144].reshape(-1, 8, 16)
+    q = torch.cat([nib & 15, nib >> 4], dim=-1)
+    if p.kind == "q5_k":
+        hb = r[:, 144:176].reshape(-1, 8, 1, 1, 4) >> (torch.arange(2).reshape(1, 1, 2, 1, 1) * 4
+                                                          + torch.arange(4).reshape(1, 1, 1, 4, 1))
+        q = q | ((hb & 1).reshape(-1, 8, 32) << 4)
+    b = r[:, 4:16]
+    sc = torch.cat([b[:, 0:4] & 63, (b[:, 8:12] & 15) | ((b[:, 0:4] >> 6) << 4)], dim=1).float()
+    mn = torch.cat([b[:, 4:8] & 63, (b[:, 8:12] >> 4) | ((b[:, 4:8] >> 6) << 4)], dim=1).float()
+    d = (f16(0) * sc)[..., None]
+    dm = (f16(2) * mn)[..., None]
+    return (d * q.float() - dm).reshape(n, s * SUPER)

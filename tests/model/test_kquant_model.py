@@ -1,0 +1,91 @@
+"""A GGUF of K-quant blocks (Q4_K_M's mix of Q4_K and Q6_K) serves every projection and the LM head
+from its own blocks, each tensor in its own format, through the layer-by-layer path and the decode
+stack alike, and the startup log says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln.bench.synthetic_gguf import write_synthetic_gguf
+from kiln.model import kernels
+from kiln.model.loader import load_model, resolve_quantization
+
+from .test_decode_stack import _decode_run
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 2 layers: llama.cpp's Q4_K_M keeps layer 1's attn_v and ffn_down at Q6_K, layer 0's at Q4_K
+    return write_synthetic_gguf(tmp_path_factory.mktemp("kq") / "tiny-q4_k_m.gguf", "tiny", "q4_k_m")
+
+
+@pytest.fixture(autouse=True)
+def _kernels():
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+
+
+def test_each_tensor_serves_from_its_own_blocks(q4_k_m: Path) -> None:
+    model, weights = load_model(q4_k_m, quantization="gguf-float")
+    layers = model.model.layers
+    assert layers[0].self_attn.v_proj.packed.kind == "q4_k"
+    assert layers[1].self_attn.v_proj.packed.kind == "q6_k"
+    assert layers[1].mlp.down_proj.packed.kind == "q6_k"
+    assert layers[1].self_attn.q_proj.packed.kind == "q4_k"
+    assert model.lm_head.packed.kind == "q6_k"   # the tied embedding's blocks
+    for name, t in weights.tensor_types.items():
+        if t in ("Q4_K", "Q6_K") and name != "model.embed_tokens.weight":
+            module = model.get_submodule(name.removesuffix(".weight"))
+            # the blocks hold exactly the loader's own dequantization (Q/K rows in HF order)
+            assert torch.equal(module.packed.dequantize(), module.weight.float()), name
+
+
+def test_a_q5_k_m_file_serves_its_q5_k_and_q6_k_blocks(tmp_path) -> None:
+    path = write_synthetic_gguf(tmp_path / "tiny-q5_k_m.gguf", "tiny", "q5_k_m")
+    model, weights = load_model(path, quantization="gguf-float")
+    assert model.model.layers[0].mlp.up_proj.packed.kind == "q5_k"
+    assert model.model.layers[1].mlp.down_proj.packed.kind == "q6_k"
+    up = model.model.layers[0].mlp.up_proj
+    assert torch.equal(up.packed.dequantize(), up.weight.float())
+    assert "Q5_K x" in weights.served
+
+
+def test_the_startup_line_says_what_each_format_is_served_with(q4_k_m: Path) -> None:
+    _, weights = load_model(q4_k_m, quantization="gguf-float")
+    assert "Q4_K x" in weights.served and "its blocks as q4_k, float32 activations" in weights.served
+    assert "Q6_K x" in weights.served and "its blocks as q6_k, float32 activations" in weights.served
+    assert "dense" not in weights.served
+
+
+def test_auto_serves_k_quant_blocks(q4_k_m: Path) -> None:
+    assert resolve_quantization(q4_k_m) == "gguf-float"
+
+
+def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, q4_k_m: Path, monkeypatch) -> None:
+    model, _ = load_model(q4_k_m, quantization="gguf-float")
+    # layer 1's q/k (Q4_K) and v (Q6_K) cannot fuse: the stack runs them as parts
+    assert model.model.layers[1].self_attn.fused_qkv is None
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch)
+    assert model._decode_stack not in (None, False), "the stack should have run"
+    layered, layered_cache = _decode_run(model, False, monkeypatch)
+    for a, b in zip(stacked, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
+def test_the_served_logits_are_the_dequantized_models(q4_k_m: Path, monkeypatch) -> None:
+    served, _ = load_model(q4_k_m, quantization="gguf-float")
+    dense, _ = load_model(q4_k_m, dtype="float32", quantization="none")
+    a, _ = _decode_run(served, True, monkeypatch)
+    b, _ = _decode_run(dense, False, monkeypatch)
+    for x, y in zip(a, b, strict=True):
+        assert (x - y).abs().max() <= 1e-3 * y.abs().max() + 1e-5
+
+
+def test_quantization_none_serves_the_dense_weights_and_says_so(q4_k_m: Path) -> None:
+    model, weights = load_model(q4_k_m, quantization="none")
+    assert getattr(model.model.layers[0].mlp.up_proj, "packed", None) is None
+    assert "Q4_K x" in weights.served and "its blocks" not in weights.served

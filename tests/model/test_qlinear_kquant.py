@@ -1,0 +1,122 @@
+"""K-quant weights from their own blocks (kernels/qlinear_kquant.cpp, kiln/model/kquant.py): GGUF Q4_K,
+Q5_K and Q6_K blocks repacked into tiles of the same bytes, multiplied with float activations: the
+dequantized weight's product up to float32 rounding, the same bits on every ISA, for any batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize
+
+from kiln.model import kernels, kquant
+from kiln.model.quant import concat_packed, kernels_available, quant_linear
+from kiln.testing.kquant_blocks import BLOCK_BYTES, GGUF_TYPES, random_blocks
+
+from .test_quant import activations, same_with_one_and_two_threads
+
+needs_kernels = pytest.mark.skipif(not kernels_available(), reason=f"kernels unavailable: {kernels.load_error()}")
+KINDS = ["q4_k", "q5_k", "q6_k"]
+
+
+def gguf_dense(kind: str, blocks: np.ndarray, n: int, k: int) -> torch.Tensor:
+    return torch.from_numpy(dequantize(blocks.reshape(-1), GGUF_TYPES[kind]).reshape(n, k).copy())
+
+
+def supported_isas() -> list[str]:
+    return kernels.cpu_isas() if kernels.load() is not None else []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_tiles_keep_the_blocks_bytes(kind: str) -> None:
+    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 32, 512), (32, 512))
+    assert pw.nbytes == 32 * 2 * BLOCK_BYTES[kind]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [16, 37])
+def test_the_tiles_dequantize_exactly_as_gguf_does(kind: str, n: int) -> None:
+    blocks = random_blocks(kind, n, 768, seed=n)
+    pw = kquant.pack_from_gguf(kind, blocks, (n, 768))
+    assert torch.equal(pw.dequantize(), gguf_dense(kind, blocks, n, 768))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_selection_and_concatenation_move_whole_rows(kind: str) -> None:
+    blocks = random_blocks(kind, 40, 256)
+    pw = kquant.pack_from_gguf(kind, blocks, (40, 256))
+    dense = gguf_dense(kind, blocks, 40, 256)
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(pw.select_rows(order).dequantize(), dense[order])
+    assert torch.equal(kquant.pack_from_gguf(kind, blocks, (40, 256), order).dequantize(), dense[order])
+    both = concat_packed([pw, pw.select_rows(range(5))])
+    assert torch.equal(both.dequantize(), torch.cat([dense, dense[:5]]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("n", "k"), [(40, 1536), (64, 256), (33, 512)])
+def test_the_result_is_the_dequantized_weights_product(kind: str, n: int, k: int) -> None:
+    blocks = random_blocks(kind, n, k)
+    pw = kquant.pack_from_gguf(kind, blocks, (n, k))
+    x = activations(6, k)
+    want = x.double() @ gguf_dense(kind, blocks, n, k).double().T
+    got = quant_linear(x, pw)
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max() + 1e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# one row (side-by-side tiles), 2 rows (tile pairs), 3-4 row blocks, then rests of 1-3 rows
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 11])
+def test_every_code_path_gives_identical_bits(kind: str, dtype: torch.dtype, m: int) -> None:
+    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 88, 512), (88, 512))
+    x = activations(m, 512, dtype)
+    bias = torch.randn(88)
+    outputs = [quant_linear(x, pw, bias, isa=isa) for isa in supported_isas()]
+    assert outputs[0].dtype == dtype
+    assert len(outputs) >= 2 or kernels.cpu_isas() == ["scalar"]
+    for y in outputs[1:]:
+        assert torch.equal(y, outputs[0])
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind: str) -> None:
+    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 100, 512), (100, 512))
+    x = activations(9, 512)
+    batched = quant_linear(x, pw)
+    for i in range(9):
+        assert torch.equal(quant_linear(x[i: i + 1], pw)[0], batched[i])
+    assert torch.equal(quant_linear(x[2:7], pw), batched[2:7])
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+def test_more_threads_give_the_same_result(kind: str) -> None:
+    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 1024, 512), (1024, 512))
+    assert same_with_one_and_two_threads(pw, activations(6, 512))
+
+
+def test_k_not_whole_superblocks_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kquant.pack_from_gguf("q4_k", np.zeros(4 * 144, np.uint8), (4, 288))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_the_kernels_torch_multiplies_the_dequantized_weight(kind: str, monkeypatch) -> None:
+    from kiln.model import quant
+
+    blocks = random_blocks(kind, 24, 512)
+    pw = kquant.pack_from_gguf(kind, blocks, (24, 512))
+    x = activations(3, 512)
+    monkeypatch.setenv(quant.DISABLE_ENV, "1")
+    quant.refresh_from_env()
+    try:
+        got = quant_linear(x, pw)
+    finally:
+        monkeypatch.delenv(quant.DISABLE_ENV)
+        quant.refresh_from_env()
+    assert torch.allclose(got, x @ gguf_dense(kind, blocks, 24, 512).T, rtol=1e-5, atol=1e-6)
