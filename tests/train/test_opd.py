@@ -14,6 +14,7 @@ from kiln.adapters.store import AdapterStore
 from kiln.api.errors import parse_model
 from kiln.errors import KilnError
 from kiln.store.clock import utc_now_rfc3339
+from kiln.testing.stand_in import StandInEngine
 from kiln.train.distill_plan import plan_opd, plan_self_distill
 from kiln.train.executor import JobContext, execute
 from kiln.train.jobs import TrainJob
@@ -30,7 +31,8 @@ FAST = {"learning_rate": 1e-2, "epochs": 6, "max_new_tokens": 6, "lora_rank": 4,
 
 @pytest.fixture
 def env(tiny_model, tokenizer, qwen_template, tmp_path):
-    engine = SimpleNamespace(tokenizer=tokenizer, template=qwen_template, model=tiny_model, info=None, identity=None)
+    engine = StandInEngine(tokenizer=tokenizer, template=qwen_template, model=tiny_model,
+                           info=SimpleNamespace(config=tiny_model.config, served_model_id=None, path=None))
     return engine, AdapterStore(tmp_path / "adapters"), TeacherStore(tmp_path / "teachers")
 
 
