@@ -1,5 +1,5 @@
-"""`kiln` command line: serve | chat | eval | bench | adapters | train | datasets | judgments | requests |
-corrections | replicas | teachers."""
+"""`kiln` command line: serve | chat | eval | bench | adapters | train | distill | datasets | judgments |
+requests | corrections | replicas | teachers."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "kiln.commands.bench",
     "kiln.commands.eval",
     "kiln.commands.train",
+    "kiln.commands.distill",
     "kiln.commands.requests",
     "kiln.commands.corrections",
     "kiln.commands.replicas",
@@ -55,10 +56,11 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
              "and inspect, re-run, replay or report eval jobs.",
              ["kiln eval run my-suite --adapter support-v2", "kiln eval compare my-suite '' support-v2",
               "kiln eval jobs", "kiln eval report eval-1234 -o report.html"]),
-    "train": ("Train LoRA adapters on the server with SFT, GRPO or DPO; the new adapter is hot-swapped in when the "
+    "train": ("Train LoRA adapters on the server with SFT, GRPO, DPO or OPD (distillation from a teacher); the new adapter is hot-swapped in when the "
               "job ends (optionally behind a post-training eval gate).",
               ["kiln train sft data.jsonl -o support-v2", "kiln train sft --dataset support -o support-v2 --epochs 5",
-               "kiln train dpo --judgments prefs -o prefs-dpo", "kiln train status",
+               "kiln train dpo --judgments prefs -o prefs-dpo", "kiln train opd prompts.jsonl --teacher tutor -o s1",
+               "kiln train status",
                "kiln train status train-1234 --follow"]),
     "judgments": ("Pairwise judgment sets (which of two replies is better), compiled into training data for a "
                   "judge adapter, and that judge's held-out validation.",
@@ -81,6 +83,10 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
                  "with the same tokenizer, verified when registered.",
                  ["kiln teachers add tutor --local --adapter facts-v1",
                   "kiln teachers add big --remote http://10.0.0.2:8000 --api-key-env BIG_KEY", "kiln teachers list"]),
+    "distill": ("Self-distillation: the model with privileged context (a brevity instruction, or the reference "
+                "answer) teaches the model without it.",
+                ["kiln distill self prompts.jsonl --mode conciseness -o concise-v1",
+                 "kiln distill self qa.jsonl --mode ground_truth_conditioning -o grounded-v1"]),
 }
 
 

@@ -101,7 +101,8 @@ class Server:
         self.state.engine = engine
         s = self.services
         if s.training.auto_resume:
-            resume_interrupted(s.training, engine, s.adapter_store, s.datasets, s.eval_suites, s.judgments)
+            resume_interrupted(s.training, engine, s.adapter_store, s.datasets, s.eval_suites, s.judgments,
+                               s.teachers)
 
     def close(self) -> None:
         """After the last request: the request log writes what is queued, the engine stops."""

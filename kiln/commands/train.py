@@ -1,10 +1,11 @@
-"""`kiln train sft|grpo|dpo|status|queue|cancel`: submit training jobs to the server at --url and follow them.
+"""`kiln train sft|grpo|dpo|opd|status|queue|cancel`: submit training jobs to the server at --url and follow them.
 
 `sft FILE` reads a local JSONL file of conversations and sends it inline; `--dataset NAME` trains on an
 uploaded dataset split; `--server-path PATH` names a JSONL file on the server's own disk. `grpo` takes
 the same sources with rows of {messages, completions: [{text, reward}]}; `dpo` takes preference rows
 ({messages, chosen, rejected}, TRL's {prompt, chosen, rejected} or OpenAI's DPO rows) or `--judgments
-NAME`, a judgment set whose A/B rows become the pairs. Submitting follows the job
+NAME`, a judgment set whose A/B rows become the pairs; `opd --teacher ALIAS` takes prompt rows (a string,
+{messages} or {prompt}) and distills the registered teacher into the student. Submitting follows the job
 with a progress bar and the loss until it ends (Ctrl-C cancels it); `status --follow` does the same
 for a job already running. `--post-eval-suite` adds a post-training eval (semantics.md §8.14): following
 then waits while its gate is pending and prints the outcome and verdict (train_follow.py).
@@ -32,7 +33,7 @@ from kiln.commands.train_follow import EXIT_HELP, TERMINAL, follow, report
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train LoRA adapters on the server (SFT, GRPO, DPO) and follow the jobs")
+    p = sub.add_parser("train", help="train LoRA adapters on the server (SFT, GRPO, DPO, OPD) and follow the jobs")
     cmds = p.add_subparsers(dest="train_command", metavar="ACTION", required=True)
 
     sft = cmds.add_parser("sft", help="supervised fine-tuning on chat conversations", epilog=EXIT_HELP)
@@ -64,6 +65,16 @@ def register(sub) -> None:
                      help="do not load the new adapter unless it beats its start on at least F of the held-out pairs")
     dpo.set_defaults(func=lambda a: run_client_command(_submit_dpo, a))
 
+    opd = cmds.add_parser("opd", help="distill a registered teacher into the student (reverse KL over its top-K)",
+                          epilog=EXIT_HELP)
+    _source_args(opd, "JSONL of prompts: strings, {\"messages\": [...]} or {\"prompt\": ...}")
+    opd.add_argument("--teacher", required=True, help="a registered teacher's alias (kiln teachers list)")
+    opd.add_argument("--mode", dest="training_mode", choices=("on_policy", "off_policy"),
+                     help="who writes the completions: the student (default) or the teacher")
+    _distill_args(opd)
+    _common_args(opd)
+    opd.set_defaults(func=lambda a: run_client_command(_submit_opd, a))
+
     status = cmds.add_parser("status", help="list training jobs, or show / follow one", epilog="with --follow, " + EXIT_HELP)
     status.add_argument("job_id", nargs="?", help="a job id (default: all jobs; with --follow the running one)")
     status.add_argument("--follow", "-f", action="store_true",
@@ -82,6 +93,13 @@ def register(sub) -> None:
     cancel.add_argument("job_id", help="a training job id (train-...)")
     add_url_argument(cancel)
     cancel.set_defaults(func=lambda a: run_client_command(_cancel, a))
+
+
+def _distill_args(p) -> None:
+    p.add_argument("--top-k", type=int, choices=(16, 32), help="the teacher's top-K tokens the KL runs over (default 16)")
+    p.add_argument("--samples-per-prompt", type=int, help="completions per prompt (default 1)")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per completion at most (default 64)")
+    p.add_argument("--temperature", type=float, help="0 (default) writes greedily; above 0 samples, seeded by --seed")
 
 
 def _source_args(p, what: str) -> None:
@@ -180,7 +198,8 @@ def build_body(args, inline_key: str) -> dict[str, Any]:
     if args.no_auto_load:
         config["auto_load"] = False
     for key in ("kl_coeff", "clip_epsilon", "kl_estimator", "beta", "loss_type", "heldout_percent",
-                "min_heldout_win_rate"):
+                "min_heldout_win_rate", "training_mode", "top_k", "samples_per_prompt", "max_new_tokens",
+                "temperature"):
         if getattr(args, key, None) is not None:
             config[key] = getattr(args, key)
     body["config"] = config
@@ -233,6 +252,10 @@ def _submit_grpo(client: ServerClient, args) -> int:
 
 def _submit_dpo(client: ServerClient, args) -> int:
     return _submit(client, args, "/v1/train/dpo", build_body(args, "pairs"))
+
+
+def _submit_opd(client: ServerClient, args) -> int:
+    return _submit(client, args, "/v1/train/opd", {**build_body(args, "prompts"), "teacher": args.teacher})
 
 
 def _submit(client: ServerClient, args, path: str, body: dict[str, Any]) -> int:

@@ -25,7 +25,7 @@ MAX_CURVE_POINTS = 2000
 @dataclass
 class TrainJob:
     job_id: str
-    job_type: str                      # sft | grpo | dpo
+    job_type: str                      # sft | grpo | dpo | opd | distill
     adapter_name: str
     config: dict[str, Any]             # the effective config (defaults filled in)
     training_data: dict[str, Any]      # provenance: source, dataset/split/path, rows, data_sha256

@@ -18,6 +18,7 @@ from kiln.train.dpo import DpoWork, prepare_dpo
 from kiln.train.errors import invalid, row_invalid
 from kiln.train.grpo import GrpoWork, prepare_grpo
 from kiln.train.loop import LoopConfig
+from kiln.train.opd import OpdWork
 from kiln.train.post_eval import PostEvalPlan, plan_post_eval
 from kiln.train.requests import CommonConfig, DpoRequest, GrpoRequest, SftRequest
 from kiln.train.rewards import scorer_reward_fn
@@ -49,7 +50,7 @@ class TrainingPlan:
     overwrite: bool
     auto_load: bool
     webhook_url: str | None
-    work: SftWork | GrpoWork | DpoWork
+    work: SftWork | GrpoWork | DpoWork | OpdWork
     loop: LoopConfig
     lora: LoraStart
     data: TrainingData
@@ -140,7 +141,7 @@ def plan_dpo(req: DpoRequest, engine: EngineView, adapters: Any, datasets: Any, 
     return _plan("dpo", cfg, work, data, adapters, stats, post_eval=post_eval, job_id=job_id)
 
 
-def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork | DpoWork, data: TrainingData, adapters: Any,
+def _plan(job_type: str, cfg: CommonConfig, work: SftWork | GrpoWork | DpoWork | OpdWork, data: TrainingData, adapters: Any,
           stats: dict[str, Any], *, updates_per_step: int = 1, post_eval: PostEvalPlan | None = None,
           job_id: str | None = None) -> TrainingPlan:
     job_id = job_id or new_job_id()

@@ -1,4 +1,5 @@
-"""Wire shapes of POST /v1/train/sft, /v1/train/grpo and /v1/train/dpo (semantics.md §12.1).
+"""Wire shapes of POST /v1/train/sft, /v1/train/grpo, /v1/train/dpo, /v1/train/opd and /v1/distill/self
+(semantics.md §12.1).
 
 Unknown keys are refused (a typo must not silently train with a default). Exactly one data source:
 inline rows, a named dataset (+ split, default "train"), or a server-local JSONL path; DPO may name a
@@ -84,6 +85,18 @@ class DpoConfig(CommonConfig):
     min_heldout_win_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
 
 
+class DistillConfig(CommonConfig):
+    learning_rate: float = Field(2e-4, gt=0, allow_inf_nan=False)
+    top_k: Literal[16, 32] = 16                          # the teacher's top-K tokens the KL runs over
+    samples_per_prompt: int = Field(1, ge=1, le=16)
+    max_new_tokens: int = Field(64, ge=1, le=2048)       # per completion
+    temperature: float = Field(0.0, ge=0, le=2, allow_inf_nan=False)   # 0: greedy; else sampled, seeded by seed
+
+
+class OpdConfig(DistillConfig):
+    training_mode: Literal["on_policy", "off_policy"] = "on_policy"
+
+
 class PostEvalRequest(_Strict):
     """The post-training eval and its gate (semantics.md §8.14); checked further in post_eval.py."""
 
@@ -138,3 +151,24 @@ class DpoRequest(_Sourced):
     @property
     def inline(self) -> list[Any] | None:
         return self.pairs
+
+
+class OpdRequest(_Sourced):
+    prompts: list[Any] | None = None        # strings, {messages} or {prompt}
+    teacher: str                            # a registered teacher's alias
+    config: OpdConfig = Field(default_factory=OpdConfig)
+
+    @property
+    def inline(self) -> list[Any] | None:
+        return self.prompts
+
+
+class SelfDistillRequest(_Sourced):
+    prompts: list[Any] | None = None        # as OPD; ground_truth_conditioning needs each row's reference answer
+    mode: Literal["conciseness", "ground_truth_conditioning"]
+    instruction: str | None = Field(None, min_length=1, max_length=4000)   # overrides the mode's instruction
+    config: DistillConfig = Field(default_factory=DistillConfig)
+
+    @property
+    def inline(self) -> list[Any] | None:
+        return self.prompts

@@ -18,8 +18,9 @@ from kiln.train.errors import invalid
 MAX_PATH_BYTES = 1 << 30
 # The dataset formats each job reads: preference rows are uploaded as raw (or as sft_chat rows whose
 # `messages` are the prompt, with `chosen` and `rejected` beside them).
-_FORMATS = {"sft": (SFT_CHAT,), "grpo": (GRPO_GROUPS,), "dpo": (RAW, SFT_CHAT)}
-_INLINE_KEY = {"sft": "examples", "grpo": "groups", "dpo": "pairs"}
+_FORMATS = {"sft": (SFT_CHAT,), "grpo": (GRPO_GROUPS,), "dpo": (RAW, SFT_CHAT),
+            "opd": (RAW, SFT_CHAT), "distill": (RAW, SFT_CHAT)}
+_INLINE_KEY = {"sft": "examples", "grpo": "groups", "dpo": "pairs", "opd": "prompts", "distill": "prompts"}
 
 
 @dataclass

@@ -62,3 +62,26 @@ def test_teachers_add_builds_a_local_or_a_remote_registration():
                                         "--model-id", "qwen", "--api-key-env", "BIG_KEY"])
     assert teacher_body(remote) == {"alias": "big", "kind": "remote", "url": "http://10.0.0.2:8000",
                                     "model_id": "qwen", "api_key_env": "BIG_KEY"}
+
+
+def test_opd_and_distill_self_send_prompts_a_teacher_or_a_mode_and_their_options(tmp_path):
+    from kiln.commands.distill import _submit_self
+    from kiln.commands.train import _submit_opd
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps("Capital of Zorbania?") + "\n")
+    sent = []
+
+    class Client:
+        def post(self, route, json):
+            sent.append((route, json))
+            return {"message": "queued", "job_id": "train-1"}
+
+    args = build_parser().parse_args(["train", "opd", str(path), "--teacher", "tutor", "--mode", "off_policy",
+                                      "--top-k", "32", "--max-new-tokens", "16", "-o", "s1", "--no-follow"])
+    assert _submit_opd(Client(), args) == 0
+    args = build_parser().parse_args(["distill", "self", str(path), "--mode", "conciseness", "--no-follow"])
+    assert _submit_self(Client(), args) == 0
+    assert sent == [("/v1/train/opd", {"prompts": ["Capital of Zorbania?"], "teacher": "tutor", "config": {
+                        "output_name": "s1", "training_mode": "off_policy", "top_k": 32, "max_new_tokens": 16}}),
+                    ("/v1/distill/self", {"prompts": ["Capital of Zorbania?"], "mode": "conciseness", "config": {}})]

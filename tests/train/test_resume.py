@@ -14,11 +14,12 @@ from kiln.api.errors import parse_model
 from kiln.store.clock import utc_now_rfc3339
 from kiln.testing.stand_in import StandInEngine
 from kiln.train.checkpoint import CheckpointStore
+from kiln.train.distill_plan import plan_self_distill
 from kiln.train.executor import Checkpointing, JobContext, execute
 from kiln.train.jobs import TrainJob
 from kiln.train.loop import Paused
 from kiln.train.plan import plan_dpo, plan_grpo, plan_sft
-from kiln.train.requests import DpoRequest, GrpoRequest, SftRequest
+from kiln.train.requests import DpoRequest, GrpoRequest, SelfDistillRequest, SftRequest
 
 QUESTION = [{"role": "user", "content": "What is the capital of Zorbania?"}]
 SFT_ROWS = [
@@ -59,6 +60,11 @@ def make_plan(kind: str, name: str, engine, store):
         body = {"pairs": DPO_PAIRS, "config": {"output_name": name, "epochs": 3, "learning_rate": 5e-3, "seed": 7,
                                                "heldout_percent": 0}}
         return plan_dpo(parse_model(DpoRequest, body), engine, store, None, job_id="train-" + name)
+    if kind == "distill":   # sampled completions: a resume must draw the same ones again
+        body = {"prompts": [r["messages"][0]["content"] for r in SFT_ROWS], "mode": "conciseness",
+                "config": {"output_name": name, "epochs": 3, "learning_rate": 5e-3, "seed": 7, "max_new_tokens": 4,
+                           "samples_per_prompt": 2, "temperature": 1.0}}
+        return plan_self_distill(parse_model(SelfDistillRequest, body), engine, store, None, job_id="train-" + name)
     body = {"groups": GRPO_GROUPS, "config": {"output_name": name, "epochs": 5, "learning_rate": 5e-3, "seed": 7,
                                               "updates_per_step": 2}}
     return plan_grpo(parse_model(GrpoRequest, body), engine, store, None, job_id="train-" + name)
@@ -82,7 +88,7 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize("kind", ["sft", "grpo", "dpo"])
+@pytest.mark.parametrize("kind", ["sft", "grpo", "dpo", "distill"])
 def test_a_job_paused_at_a_batch_boundary_resumes_to_the_uninterrupted_adapter_bit_for_bit(env, kind):
     engine, store, ckpts = env
     straight = run(make_plan(kind, "straight", engine, store), engine, store)

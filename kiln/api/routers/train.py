@@ -1,9 +1,10 @@
-"""Training routes (semantics.md §1.4, §12): SFT, GRPO and DPO jobs, status, queue, cancel, resume.
+"""Training routes (semantics.md §1.4, §12): SFT, GRPO, DPO, OPD and self-distillation jobs, status, queue,
+cancel, resume.
 
 Services (built by kiln.server.build_server):
   state.services.training   TrainingManager (records under <data_dir>/train/jobs)
 Also used: state.services.adapter_store, .adapters_active, .datasets, .judgments (DPO from a judgment
-set), and .eval_suites / .eval_jobs
+set), .teachers (OPD's teacher), and .eval_suites / .eval_jobs
 for `post_eval`: the training manager queues post-training eval jobs through
 the eval job manager and listens for their end to resolve the gate (semantics.md §8.14).
 """
@@ -20,10 +21,11 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
 from kiln.api.state import get_state
+from kiln.train.distill_plan import plan_opd, plan_self_distill
 from kiln.train.errors import CODE, PREFIX
 from kiln.train.manager import TrainingManager
 from kiln.train.plan import plan_dpo, plan_grpo, plan_sft
-from kiln.train.requests import DpoRequest, GrpoRequest, SftRequest
+from kiln.train.requests import DpoRequest, GrpoRequest, OpdRequest, SelfDistillRequest, SftRequest
 from kiln.train.submission import resume_training, submit_training
 
 router = APIRouter(tags=["training"])
@@ -67,12 +69,23 @@ async def train_dpo(request: Request) -> JSONResponse:
     return await _submit(request, DpoRequest, partial(plan_dpo, judgments=get_state(request).services.judgments))
 
 
+@router.post("/v1/train/opd")
+async def train_opd(request: Request) -> JSONResponse:
+    return await _submit(request, OpdRequest, partial(plan_opd, teachers=get_state(request).services.teachers))
+
+
+@router.post("/v1/distill/self")
+async def distill_self(request: Request) -> JSONResponse:
+    return await _submit(request, SelfDistillRequest, plan_self_distill)
+
+
 @router.post("/v1/train/jobs/{job_id}/resume")
 async def resume(request: Request, job_id: str) -> JSONResponse:
     state = get_state(request)
     return JSONResponse(await resume_training(_manager(request), job_id, state.require_engine(),
                                               state.services.adapter_store, state.services.datasets,
-                                              state.services.eval_suites, state.services.judgments))
+                                              state.services.eval_suites, state.services.judgments,
+                                              state.services.teachers))
 
 
 @router.get("/v1/train/status")
