@@ -6,11 +6,13 @@ The order, each step using only what the steps before it built:
   composition cache) -> datasets -> judgments -> eval suites -> eval jobs (suites, adapters, the
   engine through a generator factory) -> training (adapters, eval jobs: post-training gates queue
   eval jobs and hear when they end) -> corrections (training: a job's end marks its corrections
-  trained) -> the recorder (recent requests, the request log; the metrics listen to it) -> teachers.
+  trained) -> the recorder (recent requests, the request log; the metrics listen to it) -> the traffic
+  observer (metrics, recorder, access line: kiln.api.observer) -> teachers.
 Shutdown and drain hooks are registered here, next to the service they stop. Routers never build a
 service: they read `request.app.state.kiln` (kiln.api.state.ServerState), whatever order they mount in.
 The engine comes later (`kiln serve` loads it in the background while /health answers 503) and is
-published with `state.engine = engine`; services that need it reach it through `require_engine`.
+published with `state.engine = engine`, which registers the traffic observer in its observers;
+services that need it reach it through `require_engine`.
 
 Imports: api (the app, the state, metrics, lifecycle), and the services' packages below it.
 """
@@ -33,6 +35,7 @@ from kiln.adapters.store import AdapterStore
 from kiln.api.app import create_app
 from kiln.api.lifecycle import startup_sweep
 from kiln.api.metrics import KilnMetrics
+from kiln.api.observer import TrafficObserver
 from kiln.api.services import Services
 from kiln.api.shutdown import Lifecycle
 from kiln.api.state import ServerState
@@ -141,10 +144,12 @@ def _services(state: ServerState, adapter_store: AdapterStore | None) -> Service
     recorder = _recorder(settings, listeners=[metrics.observe_record])
     # Graceful shutdown: once requests drained, what they queued for the request log is written.
     lifecycle.add_shutdown_hook("request_log", lambda seconds_left: recorder.flush(max(seconds_left, 10.0)))
+    # The one observer of served traffic; publishing an engine registers it (ServerState.engine).
+    traffic = TrafficObserver(settings.server, metrics, recorder, served_model=lambda: _served_model(state))
     return Services(metrics=metrics, adapter_store=adapters, adapters_active=active,
                     adapter_compose_cache=CompositionCache(adapters), datasets=datasets,
                     judgments=JudgmentStore(data_dir / "judgments"), eval_suites=suites, eval_jobs=eval_jobs,
-                    training=training, recorder=recorder, corrections=corrections,
+                    training=training, recorder=recorder, traffic=traffic, corrections=corrections,
                     teachers=TeacherStore(data_dir / "teachers"))
 
 
@@ -174,6 +179,11 @@ def _training(state: ServerState, adapters: AdapterStore, active: ActiveAdapter,
     manager.load_archived()
     eval_jobs.listeners.append(manager.on_eval_finished)
     return manager
+
+
+def _served_model(state: ServerState) -> str:
+    engine = state.engine
+    return engine.info.served_model_id if engine is not None else ""
 
 
 def _recorder(settings: Settings, *, listeners: list[Callable[[Any], None]]) -> CompletionRecorder:
