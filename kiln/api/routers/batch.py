@@ -28,7 +28,7 @@ async def batch_completions(request: Request) -> JSONResponse:
         req = await parse_body(request, BatchCompletionRequest, code=CODE, prefix=PREFIX)
         seen.inp, seen.prompts = req.to_input(), req.prompt_dicts()
         engine = state.require_engine()
-        batch = prepare_batch(engine, seen.inp, seen.prompts, state.settings.server, started=started)
+        batch = prepare_batch(engine.prompt_context(), seen.inp, seen.prompts, state.settings.server, started=started)
         admission = engine.admit([len(pl.prompt_ids) for pl in batch.runnable])
     batch.client_request_id = seen.request_id
     return JSONResponse(await run_batch(engine, batch, admission))

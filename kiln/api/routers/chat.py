@@ -43,7 +43,7 @@ async def chat_completions(request: Request):
         req = await parse_body(request, ChatCompletionRequest, code=CODE, prefix=PREFIX)
         seen.inp = req.to_input()
         engine = state.require_engine()
-        prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+        prep = prepare_chat(engine.prompt_context(), seen.inp, state.settings.server, started=started)
         admission = engine.admit([len(prep.prompt_ids)])   # 429 here, before anything is queued
     prep.client_request_id = seen.request_id
     if req.stream:

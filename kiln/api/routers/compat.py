@@ -120,7 +120,7 @@ async def compat_chat_completions(request: Request):
         req = await parse_body(request, CompatChatRequest, code=CHAT_CODE, prefix=CHAT_PREFIX)
         seen.inp = req.to_input()
         engine = state.require_engine()
-        prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+        prep = prepare_chat(engine.prompt_context(), seen.inp, state.settings.server, started=started)
         top = req.wanted_top_logprobs
         if top is not None:
             check_scorable(prep, code=CHAT_CODE, prefix=CHAT_PREFIX)
