@@ -1,4 +1,5 @@
-"""`kiln` command line: serve | chat | eval | bench | adapters | train | datasets | judgments | requests | corrections."""
+"""`kiln` command line: serve | chat | eval | bench | adapters | train | datasets | judgments | requests |
+corrections | replicas | teachers."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ COMMAND_MODULES = [
     "kiln.commands.train",
     "kiln.commands.requests",
     "kiln.commands.corrections",
+    "kiln.commands.replicas",
     "kiln.commands.teachers",
 ]
 
@@ -67,6 +69,10 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
     "requests": ("The server's request log (<data_dir>/requests, when [request_log] enabled = true) as training "
                  "data.",
                  ["kiln requests export --since 2h --adapter base -o rows.jsonl"]),
+    "replicas": ("Other servers this one drives: Kiln replicas and vLLM or OpenAI-compatible servers, polled for "
+                 "health and checked to serve the same base model before adapters are published to them.",
+                 ["kiln replicas add gpu-1 http://10.0.0.7:8000 --kind vllm --lora-dir /shared/loras",
+                  "kiln replicas list", "kiln replicas remove gpu-1"]),
     "corrections": ("Corrections of served answers (by completion id or conversation) and the SFT job that trains "
                     "them into an adapter.",
                     ["kiln corrections add chatcmpl-1234 -c 'The capital of Zorbania is Quillton.'",

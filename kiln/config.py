@@ -159,6 +159,9 @@ class Settings:
     training: TrainingSettings = field(default_factory=TrainingSettings)
     stats: StatsSettings = field(default_factory=StatsSettings)
     request_log: RequestLogSettings = field(default_factory=RequestLogSettings)
+    # `[[replicas]]` tables: other servers this one drives (kiln.replicas.spec validates each table when
+    # the server builds its replica registry). A list, not a section: no KILN_REPLICAS_* variables.
+    replicas: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def request_log_dir(self) -> Path:
@@ -251,16 +254,23 @@ def load_settings(
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: {e}") from None
     env_layer: dict[str, dict[str, Any]] = {}
+    section_classes = get_type_hints(Settings)
     for sec in dataclasses.fields(Settings):
-        for f in dataclasses.fields(sec.type if isinstance(sec.type, type) else get_type_hints(Settings)[sec.name]):
+        if not dataclasses.is_dataclass(section_classes[sec.name]):
+            continue
+        for f in dataclasses.fields(section_classes[sec.name]):
             key = f"KILN_{sec.name.upper()}_{f.name.upper()}"
             if key in env:
                 env_layer.setdefault(sec.name, {})[f.name] = env[key]
     layers.append(("environment", env_layer))
     layers.append(("command line", overrides or {}))
-    section_classes = get_type_hints(Settings)
     for where, layer in layers:
         for sec_name, values in layer.items():
+            if sec_name == "replicas":
+                if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+                    raise ConfigError(f"{where}: replicas must be an array of tables ([[replicas]])")
+                settings.replicas = [dict(v) for v in values]
+                continue
             if sec_name not in section_classes:
                 raise ConfigError(f"{where}: unknown section [{sec_name}]; known: {', '.join(section_classes)}")
             if not isinstance(values, dict):

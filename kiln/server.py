@@ -7,7 +7,8 @@ The order, each step using only what the steps before it built:
   engine through a generator factory) -> training (adapters, eval jobs: post-training gates queue
   eval jobs and hear when they end) -> corrections (training: a job's end marks its corrections
   trained) -> the recorder (recent requests, the request log; the metrics listen to it) -> the traffic
-  observer (metrics, recorder, access line: kiln.api.observer) -> teachers.
+  observer (metrics, recorder, access line: kiln.api.observer) -> teachers -> replicas (adapters, eval
+  jobs: evals fan out over them; training: publish on a passed gate).
 Shutdown and drain hooks are registered here, next to the service they stop. Routers never build a
 service: they read `request.app.state.kiln` (kiln.api.state.ServerState), whatever order they mount in.
 The engine comes later (`kiln serve` loads it in the background while /health answers 503) and is
@@ -51,6 +52,9 @@ from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.job_store import EvalJobStore
 from kiln.evals.job_store import job_root as eval_job_root
 from kiln.evals.suite_store import SuiteStore, suite_root
+from kiln.replicas.evals import ReplicaFanOut, placement_root
+from kiln.replicas.service import ReplicaService, replica_root
+from kiln.replicas.wiring import local_model, publish_on_pass
 from kiln.store.sweep import LiveLock
 from kiln.traffic.records import CompletionRecorder, RecentRequests
 from kiln.traffic.request_log import RequestLog
@@ -146,11 +150,12 @@ def _services(state: ServerState, adapter_store: AdapterStore | None) -> Service
     lifecycle.add_shutdown_hook("request_log", lambda seconds_left: recorder.flush(max(seconds_left, 10.0)))
     # The one observer of served traffic; publishing an engine registers it (ServerState.engine).
     traffic = TrafficObserver(settings.server, metrics, recorder, served_model=lambda: _served_model(state))
+    replicas = _replicas(state, adapters, eval_jobs, training)
     return Services(metrics=metrics, adapter_store=adapters, adapters_active=active,
                     adapter_compose_cache=CompositionCache(adapters), datasets=datasets,
                     judgments=JudgmentStore(data_dir / "judgments"), eval_suites=suites, eval_jobs=eval_jobs,
                     training=training, recorder=recorder, traffic=traffic, corrections=corrections,
-                    teachers=TeacherStore(data_dir / "teachers"))
+                    teachers=TeacherStore(data_dir / "teachers"), replicas=replicas)
 
 
 def _eval_jobs(state: ServerState, suites: SuiteStore, adapters: AdapterStore) -> EvalJobManager:
@@ -179,6 +184,26 @@ def _training(state: ServerState, adapters: AdapterStore, active: ActiveAdapter,
     manager.load_archived()
     eval_jobs.listeners.append(manager.on_eval_finished)
     return manager
+
+
+def _replicas(state: ServerState, adapters: AdapterStore, eval_jobs: EvalJobManager,
+              training: TrainingManager) -> ReplicaService:
+    """Other servers: their health polled from now on, evals that name them fanned out over them, and a
+    training job's adapter published to them when its gate passes with `publish_on_pass`."""
+    settings = state.settings
+    service = ReplicaService(replica_root(settings.data.data_dir), settings.replicas,
+                             lambda: local_model(state.engine))
+    service.health.start()
+    state.lifecycle.on_drain.append(service.health.stop)
+    eval_jobs.fanout = ReplicaFanOut(service, placement_root(settings.data.data_dir),
+                                     local_capacity=settings.engine.max_num_seqs, revision=adapters.content_hash,
+                                     local_model_name=lambda: local_model(state.engine).name)
+
+    def publish_after_gate(job: Any) -> None:
+        publish_on_pass(service, adapters, settings, job)
+
+    training.listeners.append(publish_after_gate)
+    return service
 
 
 def _served_model(state: ServerState) -> str:

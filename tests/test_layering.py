@@ -22,7 +22,7 @@ KILN = ROOT / "kiln"
 # config, errors, contracts and the package root are shared by every package and import none.
 SHARED = {"config", "errors", "contracts", "__init__"}
 _BASE = {"core", "model", "store"}
-_MIDDLE = {"data", "traffic", "evals", "adapters", "engine", "train"}
+_MIDDLE = {"data", "traffic", "evals", "adapters", "engine", "train", "replicas"}
 MAY_IMPORT: dict[str, set[str]] = {
     # the base: pure Python (core, store) and the model, which builds on core's types
     "core": set(),
@@ -38,6 +38,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "adapters": {"core", "store", "model"},
     "engine": {"core", "store", "model", "adapters", "evals", "traffic"},
     "train": {"core", "store", "model", "data", "evals", "adapters", "traffic"},
+    # other servers: their registry and health, publishing stored adapters, evals fanned out over them
+    "replicas": {"core", "store", "model", "adapters", "evals"},
     # the HTTP surface, the one place that assembles a server, and the programs on top
     "api": _BASE | _MIDDLE,
     "server": _BASE | _MIDDLE | {"api"},

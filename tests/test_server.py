@@ -44,13 +44,14 @@ def test_the_post_training_gate_is_linked_to_the_eval_jobs(tmp_path, routers):
 def test_corrections_follow_the_training_jobs(tmp_path, routers):
     services = build_server(_settings(tmp_path), routers=routers).services
     followers = [f.__qualname__ for f in services.training.listeners]
-    assert followers == ["follow_training.<locals>.on_job"]  # kiln.train.corrections: a job's end settles them
+    # kiln.train.corrections: a job's end settles them; kiln.replicas: a passed gate may publish
+    assert followers == ["follow_training.<locals>.on_job", "_replicas.<locals>.publish_after_gate"]
 
 
 def test_shutdown_and_drain_hooks_are_registered_once(tmp_path):
     state = build_server(_settings(tmp_path)).state
     assert [name for name, _ in state.lifecycle.hooks] == ["training", "request_log"]
-    assert state.lifecycle.on_drain == [state.services.training.request_pause]
+    assert state.lifecycle.on_drain == [state.services.training.request_pause, state.services.replicas.health.stop]
 
 
 def test_each_server_has_its_own_services(tmp_path):

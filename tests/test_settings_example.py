@@ -44,7 +44,8 @@ ENTRIES = example_entries()
 
 
 def settings_fields() -> set[tuple[str, str]]:
-    return {(sec.name, f.name) for sec in dataclasses.fields(Settings)
+    # `replicas` is a list of tables, not a section: tests/replicas covers it
+    return {(sec.name, f.name) for sec in dataclasses.fields(Settings) if sec.name != "replicas"
             for f in dataclasses.fields(getattr(Settings(), sec.name))}
 
 
@@ -78,6 +79,7 @@ def tiny(tmp_path_factory):
 def _light_engine(tiny: Path):
     """The real Engine facade over the tiny model's tokenizer and template, with no weights or actor."""
     from kiln.engine.chat_template import ChatTemplate
+    from kiln.engine.grammar import GrammarCounters
     from kiln.engine.serving import Engine, ModelInfo
     from kiln.engine.tokenizer import Tokenizer
     from kiln.model.config import ModelConfig
@@ -86,7 +88,8 @@ def _light_engine(tiny: Path):
     cfg = ModelConfig.from_hf_dict(__import__("json").loads((tiny / "config.json").read_text()))
     info = ModelInfo(str(tiny), "tiny", cfg, "hf", "float32", "cpu", 256, 16, 16, 0, {})
     return Engine(info, tok, ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token),
-                  SimpleNamespace(runner=SimpleNamespace(backend="kiln-torch-cpu")), None)
+                  SimpleNamespace(runner=SimpleNamespace(backend="kiln-torch-cpu", grammar_counters=GrammarCounters())),
+                  None)
 
 
 def _prepared(s: Settings, tiny: Path):

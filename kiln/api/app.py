@@ -32,7 +32,9 @@ ROUTER_MODULES = [
     "kiln.api.routers.eval_suites",
     "kiln.api.routers.synthesis",
     "kiln.api.routers.eval_jobs",
+    "kiln.api.routers.replicas",  # after adapters and eval jobs: publishing and eval fan-out use both
     "kiln.api.routers.train",
+    "kiln.api.routers.hf_interop",  # TRL handoff: SFT bundles out, PEFT folders back in
     "kiln.api.routers.teachers",
     "kiln.api.routers.stats",
     "kiln.api.routers.corrections",

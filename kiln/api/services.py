@@ -16,6 +16,7 @@ from kiln.data.datasets import DatasetStore
 from kiln.data.judgments import JudgmentStore
 from kiln.evals.job_manager import EvalJobManager
 from kiln.evals.suite_store import SuiteStore
+from kiln.replicas.service import ReplicaService
 from kiln.traffic.records import CompletionRecorder
 from kiln.train.corrections import CorrectionStore
 from kiln.train.manager import TrainingManager
@@ -41,6 +42,7 @@ class Services:
     traffic: TrafficObserver                 # the one observer of served and refused requests
     corrections: CorrectionStore
     teachers: TeacherStore                   # who OPD and distillation learn from (kiln.train.teachers)
+    replicas: ReplicaService                 # other servers: health, publishing, eval fan-out (kiln.replicas)
 
     def active_adapter_name(self) -> str | None:
         return getattr(self.adapters_active, "name", None) or None

@@ -1,9 +1,11 @@
-"""`kiln adapters list|load|unload|upload|download|merge|delete` against a running server."""
+"""`kiln adapters list|load|unload|upload|download|merge|delete|publish|unpublish|export` against a running
+server."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import sys
 import tarfile
 from pathlib import Path
@@ -46,11 +48,19 @@ def register(sub) -> None:
     a.add_argument("--density", type=float, default=None, help="ties only: fraction of values kept (0, 1]")
     a = action("delete", "delete a saved adapter", _delete)
     a.add_argument("name", help="a stored adapter (not the active one: unload it first)")
+    for verb, func in (("publish", _publish), ("unpublish", _unpublish)):
+        a = action(verb, f"{verb} an adapter {'to' if verb == 'publish' else 'from'} replicas (kiln replicas list)",
+                   func)
+        a.add_argument("name", help="a stored adapter")
+        a.add_argument("--replicas", default="all", help="comma-separated replica names, or all (default)")
+        if verb == "publish":
+            a.add_argument("--activate", action="store_true", help="Kiln replicas: also make it their default adapter")
     a = action("export", "export an adapter for vLLM / PEFT (a PEFT folder) or llama.cpp (a LoRA GGUF)", _export)
     a.add_argument("name", help="a stored adapter")
     a.add_argument("dir", help="output folder: the PEFT files go in it, the GGUF is written as DIR/NAME.gguf")
-    a.add_argument("--format", choices=["peft", "gguf"], default="peft",
+    a.add_argument("--format", choices=["peft", "vllm", "gguf"], default="peft",
                    help="peft (default): adapter_config.json naming the real base model + safetensors; "
+                   "vllm: the same PEFT folder and only the `vllm serve --enable-lora --lora-modules` line; "
                    "gguf: a llama.cpp LoRA adapter (llama-server --lora)")
 
 
@@ -159,9 +169,45 @@ def _delete(client: ServerClient, args) -> int:
     return 0
 
 
+def _replicas(text: str):
+    return "all" if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _publish_result(resp: httpx.Response) -> int:
+    body = resp.json()
+    if "replicas" not in body:  # an error envelope
+        _raise(resp)
+    for name, entry in body["replicas"].items():
+        what = entry.get("action") or entry["status"]
+        tail = f" after {entry['attempts']} attempt(s): {entry['error']}" if entry["status"] == "failed" else ""
+        print(f"{name}: {what}{tail}")
+    return 1 if body["failed"] else 0
+
+
+def _post_publication(client: ServerClient, path: str, body: dict) -> int:
+    # not client.request: a 502 still carries each replica's outcome, which is what to print
+    try:
+        resp = client.http.post(path, timeout=600, json=body)
+    except httpx.ConnectError:
+        raise ServerError(0, f"cannot reach a Kiln server at {client.url}",
+                          hint="Start one with `kiln serve`, or pass --url / set KILN_SERVER_URL.") from None
+    return _publish_result(resp)
+
+
+def _publish(client: ServerClient, args) -> int:
+    return _post_publication(client, f"/v1/adapters/{quote(args.name, safe='')}/publish",
+                             {"replicas": _replicas(args.replicas), "activate": args.activate})
+
+
+def _unpublish(client: ServerClient, args) -> int:
+    return _post_publication(client, f"/v1/adapters/{quote(args.name, safe='')}/unpublish",
+                             {"replicas": _replicas(args.replicas)})
+
+
 def _export(client: ServerClient, args) -> int:
     out = Path(args.dir)
-    resp = client.request("GET", f"/v1/adapters/{quote(args.name, safe='')}/export", params={"format": args.format})
+    wire_format = "gguf" if args.format == "gguf" else "peft"  # a vLLM folder is a PEFT folder
+    resp = client.request("GET", f"/v1/adapters/{quote(args.name, safe='')}/export", params={"format": wire_format})
     base = resp.headers.get("x-kiln-base-model")
     base_gguf = resp.headers.get("x-kiln-base-model-gguf")
     rank = int(resp.headers.get("x-kiln-max-lora-rank", "0") or 0)
@@ -169,7 +215,7 @@ def _export(client: ServerClient, args) -> int:
 
     ref = BaseModelRef(base, base_gguf)
     out.mkdir(parents=True, exist_ok=True)
-    if args.format == "peft":
+    if wire_format == "peft":
         with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
             tar.extractall(out, filter="data")
         print(f"wrote the PEFT adapter {args.name} to {out} (base_model_name_or_path: {base or 'unknown'})")
@@ -184,4 +230,9 @@ def _export(client: ServerClient, args) -> int:
     print("serve it with:")
     for line in lines:
         print(f"  {line}")
+    if args.format == "vllm":
+        body = json.dumps({"lora_name": args.name, "lora_path": str(out.resolve())})
+        print("or load it into a running vLLM (started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):")
+        print(f"  curl -X POST http://VLLM_HOST:8000/v1/load_lora_adapter -H 'Content-Type: application/json' "
+              f"-d '{body}'")
     return 0

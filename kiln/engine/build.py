@@ -140,6 +140,8 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
              info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
     if weights.served:
         log.info("weights served: %s", weights.served)
+    if weights.held:
+        log.info("weights held in memory: %s", weights.held)
     if settings.model.quantization == "auto" and device.type == "cpu" and weights.format == "gguf":
         reason = auto_quantization_reason(info.quantization)
         if reason:

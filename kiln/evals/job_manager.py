@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kiln.errors import KilnError
 from kiln.evals.compare import adapter_label
@@ -56,6 +56,9 @@ class EvalJobManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Called on the event loop with every job that reaches a terminal state (post-training gates).
         self.listeners: list[Callable[[EvalJob], None]] = []
+        # Set by the replica service: admits `replicas` on a run and wraps the local generator for a job
+        # that names them (kiln.replicas.evals). None: no run may name replicas.
+        self.fanout: FanOut | None = None
 
     def sweep(self) -> list[str]:
         """Startup sweep of the job archives (temp files of interrupted writes)."""
@@ -182,8 +185,25 @@ class EvalJobManager:
             log.info("%s", job_summary(job))
             self._finished(job)
 
+    def admit_replicas(self, job: EvalJob, replicas: Any) -> None:
+        """Let `job` fan out over `replicas` ("all" or names), checked now: a 4xx when it may not."""
+        if self.fanout is None:
+            raise KilnError(400, "eval_invalid_request", "Invalid eval request: replicas: this server has no "
+                            "replica service", param="replicas")
+        job.replicas = self.fanout.admit(replicas, job)
+
     async def _run_adapters(self, job: EvalJob, stop: asyncio.Event) -> None:
         generator = self.generator_factory()
+        if job.replicas is not None and self.fanout is not None:
+            generator = self.fanout.generator(job, generator)
+        try:
+            await self._run_on(job, generator, stop)
+        finally:
+            close = getattr(generator, "aclose", None)
+            if job.replicas is not None and close is not None:
+                await close()
+
+    async def _run_on(self, job: EvalJob, generator: Generator, stop: asyncio.Event) -> None:
         identity = await generator.identity()
         job.execution_provenance = identity.execution_provenance
         job.base_weight_manifest = identity.base_weight_manifest
@@ -224,6 +244,14 @@ class EvalJobManager:
             self.store.save(job)
         except OSError as e:
             log.error("cannot archive eval job %s: %s", job.job_id, e)
+
+
+class FanOut(Protocol):
+    def admit(self, replicas: Any, job: EvalJob) -> list[str]: ...
+
+    def generator(self, job: EvalJob, local: Generator) -> Generator: ...
+
+    def placement(self, job_id: str) -> dict[str, Any] | None: ...
 
 
 def job_summary(job: EvalJob) -> str:

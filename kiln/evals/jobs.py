@@ -45,6 +45,9 @@ class EvalJob:
     error: str | None = None
     replay_expectation: dict[str, Any] | None = None
     replay_verdict: dict[str, Any] | None = None
+    # Replicas the generation fans out over besides the local engine (None: the local engine only).
+    # Not part of the job's wire objects or its archive: kept beside it (kiln.evals.fanout).
+    replicas: list[str] | None = None
     execution_provenance: dict[str, Any] | None = None
     base_weight_manifest: dict[str, Any] | None = None
     # Post-training jobs (§8.14): the training job that queued this one and, when gated, its PostEvalGate.

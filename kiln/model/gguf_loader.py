@@ -15,7 +15,13 @@ from torch import Tensor
 from kiln.model import kquant
 from kiln.model.config import ModelConfig, UnsupportedModelError
 from kiln.model.gguf_file import GGUFTensor, read_gguf
-from kiln.model.quant import PackedWeight, pack_q4_0_from_gguf, pack_q4_1_from_gguf, pack_q8_0_from_gguf
+from kiln.model.quant import (
+    PackedWeight,
+    blocks_placeholder,
+    pack_q4_0_from_gguf,
+    pack_q4_1_from_gguf,
+    pack_q8_0_from_gguf,
+)
 
 Q = GGMLQuantizationType
 SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -58,15 +64,17 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
 
 
 def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = None,
-              types: dict[str, str] | None = None, kquants: bool = True,
+              types: dict[str, str] | None = None, kquants: bool = True, blocks_only: bool = False,
               ) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
     """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`.
 
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
     repacked bit-exactly for the quantized kernels (kiln.model.quant), and Q4_K / Q5_K / Q6_K ones
     (whole superblocks of 256 along K) keep their blocks as tiles (kiln.model.kquant), under their
-    HF names (K-quants only with `kquants`). With `types` (a dict to fill): each HF-named tensor's GGUF
-    type ("Q4_K", "F32", ...)."""
+    HF names (K-quants only with `kquants`). With `blocks_only`, a tensor so packed is not dequantized
+    at all: its entry in the returned tensors is a `blocks_placeholder` of its shape, holding no memory
+    (the blocks, read from the file's mapping, are the only copy). With `types` (a dict to fill): each
+    HF-named tensor's GGUF type ("Q4_K", "F32", ...)."""
     gguf = read_gguf(path)
     metadata = gguf.metadata
     config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
@@ -78,10 +86,9 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
         )
     tensors: dict[str, Tensor] = {}
     for t in gguf.tensors:
-        w = dequantize_tensor(t)
         if t.name == "rope_freqs.weight":
             # llama.cpp's encoding of llama3 rope scaling: per-frequency divisors
-            scaling = {"rope_type": "freq_factors", "factors": w.float().tolist()}
+            scaling = {"rope_type": "freq_factors", "factors": dequantize_tensor(t).float().tolist()}
             config = dataclasses.replace(config, rope_scaling=scaling)
             continue
         heads = None
@@ -90,16 +97,22 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
                 heads = config.num_attention_heads
             elif ".attn_k." in t.name:
                 heads = config.num_key_value_heads
-        if heads is not None:
-            w = unpermute_qk(w, heads)
         name = hf_name(t.name)
-        tensors[name] = w.to(dtype)
         if types is not None:
             types[name] = t.qtype.name
+        pw = None
         if packed is not None and len(t.shape) == 2:
             pw = pack_gguf_tensor(t, heads) if kquants or t.qtype not in _K_KINDS else None
             if pw is not None:
                 packed[name] = pw
+        if pw is not None and blocks_only:
+            # the blocks are the weight: no dense copy (the model dequantizes where it uses one)
+            tensors[name] = blocks_placeholder(t.shape, dtype)
+            continue
+        w = dequantize_tensor(t)
+        if heads is not None:
+            w = unpermute_qk(w, heads)
+        tensors[name] = w.to(dtype)
     return config, tensors, metadata
 
 

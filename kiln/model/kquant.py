@@ -115,9 +115,22 @@ def _codes(kind: str, b: np.ndarray) -> np.ndarray:
     return q.astype(np.uint8)
 
 
+def _q4_k_nibbles(qs: np.ndarray) -> np.ndarray:
+    """A record's 128 nibble bytes straight from GGUF Q4_K's `qs [blocks, 128]` (the load's bulk: no
+    codes unpacked). GGUF byte 32c + l holds code l of group 2c (low nibble) and of group 2c + 1 (high);
+    the record's byte k of group j holds codes k and 16 + k of it."""
+    halves = qs.reshape(-1, 4, 2, 16)
+    a, b = halves[:, :, 0], halves[:, :, 1]
+    even = (a & 15) | (b << 4)
+    odd = (a >> 4) | (b & 0xF0)
+    return np.stack([even, odd], axis=2).reshape(-1, 128)
+
+
 def _records(kind: str, b: np.ndarray) -> np.ndarray:
     """Row records `[blocks, gguf_bytes]` of GGUF blocks `[blocks, gguf_bytes]`."""
     nb = b.shape[0]
+    if kind == "q4_k":
+        return np.ascontiguousarray(np.concatenate([b[:, :16], _q4_k_nibbles(b[:, 16:])], axis=1))
     q = _codes(kind, b)
     nib = ((q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)).reshape(nb, 128)
     parts: list[np.ndarray]
@@ -202,32 +215,50 @@ def concat(parts: Sequence[PackedWeight]) -> PackedWeight:
 
 
 def dequantize(p: PackedWeight) -> Tensor:
-    """float32 `[out_features, in_features]`, computed as gguf.quants.dequantize computes it."""
+    """float32 `[out_features, in_features]`, computed as gguf.quants.dequantize computes it. The codes
+    are unpacked in bytes and widened once (the dense path dequantizes a weight on every use)."""
     rec = records(p)
     n, s, _ = rec.shape
     raw = rec.reshape(n * s, -1)
-    r = raw.to(torch.int32)
 
     def f16(at: int) -> Tensor:
         return raw[:, at: at + 2].contiguous().view(torch.float16).float()
 
     if p.kind == "q6_k":
-        nib = r[:, 18:146].reshape(-1, 8, 16)
-        high = r[:, 146:210].reshape(-1, 8, 2, 1, 4) >> (2 * torch.arange(4).reshape(1, 1, 1, 4, 1))
+        nib = raw[:, 18:146].reshape(-1, 8, 16)
+        high = raw[:, 146:210].reshape(-1, 8, 2, 1, 4) >> _SHIFTS_2[p.device.type]
         q = torch.cat([nib & 15, nib >> 4], dim=-1) | ((high & 3).reshape(-1, 8, 32) << 4)
         sc = raw[:, 2:18].contiguous().view(torch.int8).float()
         d = (f16(0) * sc).reshape(-1, 16, 1)
-        w = d * (q - 32).float().reshape(-1, 16, 16)
+        # q - 32 is exact in float32, so this is d * (q - 32) as gguf computes it
+        w = q.reshape(-1, 16, 16).float().sub_(32).mul_(d)
         return w.reshape(n, s * SUPER)
-    nib = r[:, 16:144].reshape(-1, 8, 16)
+    nib = raw[:, 16:144].reshape(-1, 8, 16)
     q = torch.cat([nib & 15, nib >> 4], dim=-1)
     if p.kind == "q5_k":
-        hb = r[:, 144:176].reshape(-1, 8, 1, 1, 4) >> (torch.arange(2).reshape(1, 1, 2, 1, 1) * 4
-                                                          + torch.arange(4).reshape(1, 1, 1, 4, 1))
+        hb = raw[:, 144:176].reshape(-1, 8, 1, 1, 4) >> _SHIFTS_1[p.device.type]
         q = q | ((hb & 1).reshape(-1, 8, 32) << 4)
-    b = r[:, 4:16]
+    b = raw[:, 4:16].to(torch.int32)
     sc = torch.cat([b[:, 0:4] & 63, (b[:, 8:12] & 15) | ((b[:, 0:4] >> 6) << 4)], dim=1).float()
     mn = torch.cat([b[:, 4:8] & 63, (b[:, 8:12] >> 4) | ((b[:, 4:8] >> 6) << 4)], dim=1).float()
     d = (f16(0) * sc)[..., None]
     dm = (f16(2) * mn)[..., None]
-    return (d * q.float() - dm).reshape(n, s * SUPER)
+    return q.float().mul_(d).sub_(dm).reshape(n, s * SUPER)
+
+
+class _Shifts(dict):
+    """Per device type, the uint8 shift amounts that spread packed high bits over their codes."""
+
+    def __init__(self, shape: tuple[int, ...], values: list[int]) -> None:
+        super().__init__()
+        self._shape, self._values = shape, values
+
+    def __missing__(self, device: str) -> Tensor:
+        t = torch.tensor(self._values, dtype=torch.uint8, device=device).reshape(self._shape)
+        self[device] = t
+        return t
+
+
+# Q6_K: bits 2c..2c+1 of a high byte; Q5_K: bit 4h+c
+_SHIFTS_2 = _Shifts((1, 1, 1, 4, 1), [0, 2, 4, 6])
+_SHIFTS_1 = _Shifts((1, 1, 2, 4, 1), [4 * h + c for h in range(2) for c in range(4)])

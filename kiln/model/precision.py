@@ -11,12 +11,16 @@ the conversion reads 2 bytes a weight once per projection, next to a training ma
 multiply-adds per weight. The serving path keeps the bfloat16 kernels, which widen in registers.
 
 Training computes in float32 on every CPU (`training_dtype`), so a seeded job learns the same on every
-ISA: with bf16 dot products only each frozen projection's product runs on them (`mixed_linear`)."""
+ISA: with bf16 dot products only each frozen projection's product runs on them (`mixed_linear`).
+
+A weight held only as a GGUF's quantized blocks (no dense copy) is dequantized where it is used, in
+forward and backward (`block_linear`), to the values its dense copy would hold."""
 
 from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -144,3 +148,44 @@ def mixed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if half:
         return _half_product(x, weight, bias)
     return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`mixed_linear`'s values for a frozen weight, without autograd."""
+    if x.dtype == weight.dtype:
+        return F.linear(x, weight, bias)
+    if x.dtype == torch.float32 and x.device.type == "cpu" and native_half(weight.dtype):
+        return _half_product(x, weight, bias)
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def _input_grad(grad: Tensor, weight: Tensor) -> Tensor:
+    if grad.dtype == weight.dtype:
+        return grad @ weight
+    if grad.dtype == torch.float32 and grad.device.type == "cpu" and native_half(weight.dtype):
+        return (grad.to(weight.dtype) @ weight).to(grad.dtype)
+    return grad @ weight.to(grad.dtype)
+
+
+class _BlockLinear(torch.autograd.Function):
+    """`x @ W.T + b` for a frozen weight held only as quantized blocks (QLoRA's way): W is dequantized
+    into a temporary where it is used, in forward and again in backward, and autograd keeps only the
+    blocks (a reference), so no dense copy of the weight outlives the call."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, bias: Tensor | None, packed: Any, dtype: torch.dtype) -> Tensor:
+        ctx.packed, ctx.dtype = packed, dtype
+        return _product(x, packed.dequantize(dtype), bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        return _input_grad(grad, ctx.packed.dequantize(ctx.dtype)), None, None, None
+
+
+def block_linear(x: Tensor, packed: Any, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """`mixed_linear(x, W, bias)` for the weight W = `packed.dequantize(dtype)` (a `PackedWeight` of a
+    GGUF's blocks, `dtype` the dense weight's it stands in for): the same values as the dense copy
+    gives, computed from the blocks per call. The bias stays frozen, as in `mixed_linear`."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _BlockLinear.apply(x, bias, packed, dtype)
+    return _product(x, packed.dequantize(dtype), bias)

@@ -38,6 +38,19 @@ TILE_ROWS = 16
 _KIND_IDS = {"q4_1": 0, "q8_0": 1, "q4_k": 0, "q5_k": 1, "q6_k": 2}
 K_KINDS = frozenset({"q4_k", "q5_k", "q6_k"})
 _TINY_AMAX = 1e-30   # activation groups below this quantize to zero (as in the kernel)
+# tiles (of 16 rows) dequantized at a time: 4096 rows of a 2048-wide weight hold ~32 MB of float32
+DEQUANT_CHUNK_TILES = 256
+
+
+def blocks_placeholder(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """A `shape` tensor that holds no memory (one element, stride 0 everywhere): what a module's dense
+    weight is when the weight lives only in its quantized blocks (`holds_no_values`)."""
+    return torch.zeros((), dtype=dtype).expand(*shape)
+
+
+def holds_no_values(t: Tensor) -> bool:
+    """Whether `t` is a `blocks_placeholder` (every stride 0 over more than one element)."""
+    return t.numel() > 1 and all(s == 0 for s in t.stride())
 
 
 @dataclass
@@ -87,7 +100,35 @@ class PackedWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """`[out_features, in_features]`; values are computed in float32 (d*q + m), then cast (K-quants:
-        as gguf.quants.dequantize computes them)."""
+        as gguf.quants.dequantize computes them). Large weights go a few thousand rows at a time, so the
+        temporaries beside the result stay small (the dense path dequantizes a weight on every use)."""
+        tiles = self.qs.shape[0]
+        if tiles <= DEQUANT_CHUNK_TILES:
+            return self._dequantize_whole(dtype)
+        out = torch.empty(self.out_features, self.in_features, dtype=dtype, device=self.device)
+        for t0 in range(0, tiles, DEQUANT_CHUNK_TILES):
+            part = self._tile_range(t0, t0 + DEQUANT_CHUNK_TILES)
+            out[t0 * TILE_ROWS: t0 * TILE_ROWS + part.out_features] = part._dequantize_whole(dtype)
+        return out
+
+    def dequantize_rows(self, index: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The output rows `index` (any shape of row numbers) dequantized, `[*index.shape, in_features]`:
+        only the tiles holding them are read (an embedding's looked-up rows)."""
+        flat = index.reshape(-1).to(torch.long)
+        tiles, where = torch.unique(flat // TILE_ROWS, return_inverse=True)
+        part = PackedWeight(self.kind, tiles.numel() * TILE_ROWS, self.in_features, self.qs[tiles],
+                            self.scales[tiles], self.float_act)
+        rows = part._dequantize_whole(dtype)[where * TILE_ROWS + flat % TILE_ROWS]
+        return rows.view(*index.shape, self.in_features)
+
+    def _tile_range(self, start: int, stop: int) -> PackedWeight:
+        """The tiles `start:stop` as a weight of their rows (views of the same storage)."""
+        stop = min(stop, self.qs.shape[0])
+        n = min(self.out_features, stop * TILE_ROWS) - start * TILE_ROWS
+        return PackedWeight(self.kind, n, self.in_features, self.qs[start:stop], self.scales[start:stop],
+                            self.float_act)
+
+    def _dequantize_whole(self, dtype: torch.dtype) -> Tensor:
         if self.is_kquant:
             from kiln.model import kquant
 

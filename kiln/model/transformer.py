@@ -22,8 +22,8 @@ from kiln.model.dense_tiles import dense_linear, tiles_linear
 from kiln.model.kv_cache import AttentionMetadata, KVCache, resolve_torch_dtype
 from kiln.model.lora import KERNEL_DTYPES, BankRouting, LoraBank, LoraDelta, LoraStep
 from kiln.model.lora import MODULES as LORA_MODULES
-from kiln.model.precision import compute_dtype, mixed_linear
-from kiln.model.quant import PackedWeight, quant_linear
+from kiln.model.precision import block_linear, compute_dtype, mixed_linear
+from kiln.model.quant import PackedWeight, holds_no_values, quant_linear
 from kiln.model.rope import RotaryTables, apply_rope
 
 
@@ -34,6 +34,10 @@ class Linear(nn.Linear):
         pass
 
     def forward(self, x: Tensor) -> Tensor:
+        packed = getattr(self, "packed", None)
+        if packed is not None and holds_no_values(self.weight):
+            # the weight lives only in its GGUF blocks: dequantized here, per call (precision.py)
+            return block_linear(x, packed, self.bias, self.weight.dtype)
         # float32 activations over bfloat16 weights: the dense path on a CPU without bf16 dot products
         return mixed_linear(x, self.weight, self.bias)
 
@@ -41,6 +45,13 @@ class Linear(nn.Linear):
 class Embedding(nn.Embedding):
     def reset_parameters(self) -> None:
         pass
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        packed = getattr(self, "packed", None)
+        if packed is not None and holds_no_values(self.weight):
+            # a table held only as its GGUF blocks: the looked-up rows are dequantized, nothing else
+            return packed.dequantize_rows(input_ids, self.weight.dtype)
+        return super().forward(input_ids)
 
 
 class RMSNorm(nn.Module):
@@ -597,6 +608,9 @@ class Transformer(nn.Module):
         for name, pw in packed.items():
             module_name = name.removesuffix(".weight")
             if module_name == "model.embed_tokens":
+                # only a table without dense values reads its blocks (its looked-up rows)
+                if holds_no_values(self.model.embed_tokens.weight):
+                    self.model.embed_tokens.packed = pw.to(self.device)
                 continue
             module = self.get_submodule(module_name)
             if tuple(module.weight.shape) != (pw.out_features, pw.in_features):

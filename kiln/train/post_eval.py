@@ -33,7 +33,7 @@ from kiln.train.requests import CommonConfig, PostEvalRequest
 from kiln.train.sources import TrainingData
 
 HELD_OUT, TRAIN_SET = "held-out", "train-set-eval"
-GATE_ONLY = ("min_accuracy", "relative_recovery", "absolute_gain", "auto_load_on_pass")
+GATE_ONLY = ("min_accuracy", "relative_recovery", "absolute_gain", "auto_load_on_pass", "publish_on_pass")
 SHOWN_OVERLAPS = 5
 
 
@@ -136,6 +136,8 @@ def plan_post_eval(req: PostEvalRequest | None, cfg: CommonConfig, data: Trainin
         gate = GateThresholds(req.min_accuracy if req.min_accuracy is not None else 0.0,
                               req.relative_recovery, req.absolute_gain, auto)
         settings.update(gate.to_dict(), auto_load_on_pass=auto)
+        if req.publish_on_pass is not None:
+            settings["publish_on_pass"] = req.publish_on_pass
     settings["include_baseline"] = req.include_baseline or gate is not None
     settings["gate_policy"] = POLICY if gate is not None else None
     return PostEvalPlan(suite, req.data_scope, generation, gate, req.include_baseline or gate is not None, settings)

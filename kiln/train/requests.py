@@ -94,6 +94,8 @@ class PostEvalRequest(_Strict):
     relative_recovery: float | None = Field(None, allow_inf_nan=False)
     absolute_gain: float | None = Field(None, allow_inf_nan=False)
     auto_load_on_pass: bool | None = None                # None: config.auto_load (default true)
+    # replicas ("all" or names, kiln.replicas) the adapter is published to when the gate passes
+    publish_on_pass: list[str] | Literal["all"] | None = None
     include_baseline: bool = False
 
 

@@ -4,7 +4,7 @@
 
 import { get, hasRoute, metric, parseMetrics } from "./api.js";
 import { lineChart } from "./charts.js";
-import { badge, card, clear, errorBox, fmtDuration, fmtNum, fmtPct, h, shortHash, stateBadge } from "./dom.js";
+import { badge, card, clear, errorBox, fmtDuration, fmtNum, fmtPct, h, shortHash, stateBadge, table } from "./dom.js";
 
 const HISTORY = 90; // samples kept for the throughput chart
 
@@ -42,10 +42,25 @@ export async function render(root, ctx) {
   const chartBox = h("div", { id: "throughput-chart" });
   const checks = h("div", { id: "overview-checks" });
   const err = h("div");
+  const replicaBox = h("div", { id: "overview-replicas" });
   root.append(err, card(null, head), tiles,
     card("Decode throughput", h("p", { class: "muted", id: "throughput-source" }, ""), chartBox), card("Health checks", checks));
 
   const hasDecodeStats = await hasRoute("/v1/stats/decode");
+  if (await hasRoute("/v1/replicas")) {
+    root.append(card("Replicas", h("p", { class: "muted small" },
+      "Other servers this one polls every 10 s, publishes adapters to and fans evals out over (kiln replicas add)."), replicaBox));
+    ctx.every(5000, async () => {
+      const list = await get("/v1/replicas").catch(() => null);
+      if (!list) return;
+      clear(replicaBox, table(["name", "kind", "url", "state", "base model", "adapters", "problem"],
+        list.data.map((r) => h("tr", {}, h("td", {}, r.name), h("td", {}, r.kind), h("td", { class: "small" }, r.url),
+          h("td", {}, stateBadge(r.status.state), " ", r.status.compatible === false ? badge("other base", "bad") : null),
+          h("td", {}, (r.status.base_models || []).join(", ") || "—"),
+          h("td", { class: "small" }, Object.entries(r.published || {}).map(([a, rec]) => `${a} ${shortHash(rec.revision)}`).join(", ") || "—"),
+          h("td", { class: "small muted" }, r.status.compatibility_problem || r.status.error || "")))));
+    });
+  }
   let config = null, info = null;
   let prev = null; // previous /metrics scrape {t, tokens, itlSum, itlCount}
   const history = [];

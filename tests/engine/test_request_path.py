@@ -15,6 +15,7 @@ from kiln.config import ServerSettings
 from kiln.core.thinking_budget import resolve_budget
 from kiln.engine.chat_request import prepare_chat
 from kiln.engine.eval_generator import LocalEngineGenerator
+from kiln.engine.grammar import GrammarCounters
 from kiln.evals.generator import GenerationRequest
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a sea."}]
@@ -33,7 +34,8 @@ def engine(tmp_path_factory):
     cfg = ModelConfig.from_hf_dict(json.loads((path / "config.json").read_text()))
     info = ModelInfo(str(path), "tiny", cfg, "hf", "float32", "cpu", 512, 32, 16, 0, {})
     template = ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
-    return Engine(info, tok, template, SimpleNamespace(runner=SimpleNamespace(backend="kiln-torch-cpu")), None)
+    runner = SimpleNamespace(backend="kiln-torch-cpu", grammar_counters=GrammarCounters())
+    return Engine(info, tok, template, SimpleNamespace(runner=runner), None)
 
 
 def controller_config(work) -> list[tuple] | None:

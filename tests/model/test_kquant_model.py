@@ -10,10 +10,18 @@ import pytest
 import torch
 
 from kiln.bench.synthetic_gguf import write_synthetic_gguf
-from kiln.model import kernels
+from kiln.model import kernels, loader
 from kiln.model.loader import load_model, resolve_quantization
+from kiln.model.quant import holds_no_values
 
 from .test_decode_stack import _decode_run
+
+
+@pytest.fixture(autouse=True)
+def blocks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tiny files would keep a dense copy beside their blocks (loader.DENSE_COPY_MAX_BYTES): hold
+    only the blocks, as a real-size model does."""
+    monkeypatch.setattr(loader, "DENSE_COPY_MAX_BYTES", 0)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +38,7 @@ def _kernels():
 
 def test_each_tensor_serves_from_its_own_blocks(q4_k_m: Path) -> None:
     model, weights = load_model(q4_k_m, quantization="gguf-float")
+    dense, _ = load_model(q4_k_m, dtype="float32", quantization="none")
     layers = model.model.layers
     assert layers[0].self_attn.v_proj.packed.kind == "q4_k"
     assert layers[1].self_attn.v_proj.packed.kind == "q6_k"
@@ -40,16 +49,18 @@ def test_each_tensor_serves_from_its_own_blocks(q4_k_m: Path) -> None:
         if t in ("Q4_K", "Q6_K") and name != "model.embed_tokens.weight":
             module = model.get_submodule(name.removesuffix(".weight"))
             # the blocks hold exactly the loader's own dequantization (Q/K rows in HF order)
-            assert torch.equal(module.packed.dequantize(), module.weight.float()), name
+            reference = dense.get_submodule(name.removesuffix(".weight")).weight
+            assert torch.equal(module.packed.dequantize(), reference), name
 
 
 def test_a_q5_k_m_file_serves_its_q5_k_and_q6_k_blocks(tmp_path) -> None:
     path = write_synthetic_gguf(tmp_path / "tiny-q5_k_m.gguf", "tiny", "q5_k_m")
     model, weights = load_model(path, quantization="gguf-float")
+    dense, _ = load_model(path, dtype="float32", quantization="none")
     assert model.model.layers[0].mlp.up_proj.packed.kind == "q5_k"
     assert model.model.layers[1].mlp.down_proj.packed.kind == "q6_k"
     up = model.model.layers[0].mlp.up_proj
-    assert torch.equal(up.packed.dequantize(), up.weight.float())
+    assert torch.equal(up.packed.dequantize(), dense.model.layers[0].mlp.up_proj.weight)
     assert "Q5_K x" in weights.served
 
 
@@ -89,3 +100,43 @@ def test_quantization_none_serves_the_dense_weights_and_says_so(q4_k_m: Path) ->
     model, weights = load_model(q4_k_m, quantization="none")
     assert getattr(model.model.layers[0].mlp.up_proj, "packed", None) is None
     assert "Q4_K x" in weights.served and "its blocks" not in weights.served
+
+
+def test_a_weight_served_from_its_blocks_has_no_dense_copy(q4_k_m: Path) -> None:
+    model, weights = load_model(q4_k_m, quantization="gguf-float")
+    for name, t in weights.tensor_types.items():
+        if t in ("Q4_K", "Q6_K"):
+            weight = model.get_submodule(name.removesuffix(".weight")).weight
+            assert holds_no_values(weight) and weight.untyped_storage().nbytes() <= 4, name
+    assert "held only as blocks" in weights.held
+
+
+def test_a_model_whose_dense_copy_fits_the_budget_keeps_it_beside_its_blocks(q4_k_m: Path, monkeypatch) -> None:
+    monkeypatch.setattr(loader, "DENSE_COPY_MAX_BYTES", loader.dense_copy_bytes(q4_k_m, torch.float32))
+    model, weights = load_model(q4_k_m, dtype="float32", quantization="gguf-float")
+    up = model.model.layers[0].mlp.up_proj
+    assert up.packed is not None and not holds_no_values(up.weight)
+    assert "held only as blocks" not in weights.held
+
+
+def test_the_dense_path_over_the_blocks_gives_the_dense_copys_logits_and_gradients(q4_k_m: Path) -> None:
+    blocks, _ = load_model(q4_k_m, quantization="gguf-float")
+    dense, _ = load_model(q4_k_m, dtype="float32", quantization="none")
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 1000, 49000]])
+    assert torch.equal(blocks.model.embed_tokens(ids), dense.model.embed_tokens(ids))
+    assert torch.equal(blocks.forward_dense(ids), dense.forward_dense(ids))
+    grads = []
+    for model in (blocks, dense):
+        x = model.model.embed_tokens(ids).detach().float().requires_grad_()
+        model.model.layers[1].mlp(x).square().sum().backward()
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_an_embedding_held_as_blocks_dequantizes_only_the_rows_looked_up(q4_k_m: Path) -> None:
+    model, _ = load_model(q4_k_m, quantization="gguf-float")
+    emb = model.model.embed_tokens
+    ids = torch.tensor([[5, 17, 5], [40000, 0, 31]])
+    rows = emb.packed.dequantize_rows(ids)
+    assert rows.shape == (2, 3, model.config.hidden_size)
+    assert torch.equal(rows, emb.packed.dequantize()[ids])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from kiln.model import kernels, kquant
+from kiln.model import kernels, kquant, quant
 from kiln.model.quant import concat_packed, kernels_available, quant_linear
 from kiln.testing.kquant_blocks import BLOCK_BYTES, GGUF_TYPES, random_blocks
 
@@ -39,6 +39,17 @@ def test_the_tiles_dequantize_exactly_as_gguf_does(kind: str, n: int) -> None:
     blocks = random_blocks(kind, n, 768, seed=n)
     pw = kquant.pack_from_gguf(kind, blocks, (n, 768))
     assert torch.equal(pw.dequantize(), gguf_dense(kind, blocks, n, 768))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_few_tiles_at_a_time_or_only_the_rows_asked_for_dequantize_to_the_same_values(kind: str, monkeypatch) -> None:
+    blocks = random_blocks(kind, 37, 512, seed=3)
+    pw = kquant.pack_from_gguf(kind, blocks, (37, 512))
+    whole = gguf_dense(kind, blocks, 37, 512)
+    monkeypatch.setattr(quant, "DEQUANT_CHUNK_TILES", 1)   # 3 tiles, the last one partial
+    assert torch.equal(pw.dequantize(), whole)
+    rows = torch.tensor([[36, 0, 17], [17, 5, 36]])
+    assert torch.equal(pw.dequantize_rows(rows), whole[rows])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -26,11 +26,12 @@ def test_gguf_quantization_packs_the_stored_blocks_exactly(tmp_path, quant):
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(path, make_hf("llama"), quant)
     model, weights = load_model(path, dtype="float32", quantization="gguf")
+    reference, _ = load_model(path, dtype="float32", quantization="none")
     assert weights.quantization == "gguf"
     packed = {n: m.packed for n, m in model.named_modules() if hasattr(m, "packed")}
     assert "model.layers.0.self_attn.q_proj" in packed and "model.layers.1.self_attn.k_proj" in packed
     for name, pw in packed.items():
-        dense = model.get_submodule(name).weight.float()
+        dense = reference.get_submodule(name).weight.float()
         assert torch.equal(pw.dequantize(torch.float32), dense), name
 
 

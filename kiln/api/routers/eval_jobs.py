@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import read_json_body
 from kiln.api.state import get_state
@@ -52,10 +53,25 @@ def _receipt(job: EvalJob, message: str) -> JSONResponse:
 @router.post("/v1/eval/run")
 async def run_eval(request: Request) -> JSONResponse:
     manager = _manager(request)
-    req = parse_run_request(await _body(request))
+    body = await _body(request)
+    req = parse_run_request(body)
     manager.generator()  # 503 while the model loads
-    job = manager.submit(job_for_run(manager.ctx, req))
+    job = job_for_run(manager.ctx, req)
+    if body.get("replicas") is not None:  # "all" or names: fan out over them too (kiln.evals.fanout)
+        await run_in_threadpool(manager.admit_replicas, job, body["replicas"])
+    job = manager.submit(job)
     return _receipt(job, f"Queued eval against suite `{job.suite.name}`")
+
+
+@router.get("/v1/eval/jobs/{job_id}/placement")
+async def job_placement(request: Request, job_id: str) -> JSONResponse:
+    """Which target (the local engine or a replica) answered each example, and what failed before."""
+    manager = _manager(request)
+    job = manager.get(job_id)
+    placement = manager.fanout.placement(job.job_id) if manager.fanout is not None else None
+    if placement is None:
+        placement = {"job_id": job.job_id, "replicas": None, "examples": []}
+    return JSONResponse(placement)
 
 
 @router.post("/v1/eval/compare")
