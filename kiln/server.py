@@ -6,12 +6,14 @@ The order, each step using only what the steps before it built:
   composition cache) -> datasets -> judgments -> eval suites -> eval jobs (suites, adapters, the
   engine through a generator factory) -> training (adapters, eval jobs: post-training gates queue
   eval jobs and hear when they end) -> corrections (training: a job's end marks its corrections
-  trained) -> the recorder (recent requests, the request log; the metrics listen to it) -> teachers
-  -> replicas (adapters, eval jobs: evals fan out over them; training: publish on a passed gate).
+  trained) -> the recorder (recent requests, the request log; the metrics listen to it) -> the traffic
+  observer (metrics, recorder, access line: kiln.api.observer) -> teachers -> replicas (adapters, eval
+  jobs: evals fan out over them; training: publish on a passed gate).
 Shutdown and drain hooks are registered here, next to the service they stop. Routers never build a
 service: they read `request.app.state.kiln` (kiln.api.state.ServerState), whatever order they mount in.
 The engine comes later (`kiln serve` loads it in the background while /health answers 503) and is
-published with `state.engine = engine`; services that need it reach it through `require_engine`.
+published with `state.engine = engine`, which registers the traffic observer in its observers;
+services that need it reach it through `require_engine`.
 
 Imports: api (the app, the state, metrics, lifecycle), and the services' packages below it.
 """
@@ -34,6 +36,7 @@ from kiln.adapters.store import AdapterStore
 from kiln.api.app import create_app
 from kiln.api.lifecycle import startup_sweep
 from kiln.api.metrics import KilnMetrics
+from kiln.api.observer import TrafficObserver
 from kiln.api.services import Services
 from kiln.api.shutdown import Lifecycle
 from kiln.api.state import ServerState
@@ -146,11 +149,13 @@ def _services(state: ServerState, adapter_store: AdapterStore | None) -> Service
     recorder = _recorder(settings, listeners=[metrics.observe_record])
     # Graceful shutdown: once requests drained, what they queued for the request log is written.
     lifecycle.add_shutdown_hook("request_log", lambda seconds_left: recorder.flush(max(seconds_left, 10.0)))
+    # The one observer of served traffic; publishing an engine registers it (ServerState.engine).
+    traffic = TrafficObserver(settings.server, metrics, recorder, served_model=lambda: _served_model(state))
     replicas = _replicas(state, adapters, eval_jobs, training)
     return Services(metrics=metrics, adapter_store=adapters, adapters_active=active,
                     adapter_compose_cache=CompositionCache(adapters), datasets=datasets,
                     judgments=JudgmentStore(data_dir / "judgments"), eval_suites=suites, eval_jobs=eval_jobs,
-                    training=training, recorder=recorder, corrections=corrections,
+                    training=training, recorder=recorder, traffic=traffic, corrections=corrections,
                     teachers=TeacherStore(data_dir / "teachers"), replicas=replicas)
 
 
@@ -200,6 +205,11 @@ def _replicas(state: ServerState, adapters: AdapterStore, eval_jobs: EvalJobMana
 
     training.listeners.append(publish_after_gate)
     return service
+
+
+def _served_model(state: ServerState) -> str:
+    engine = state.engine
+    return engine.info.served_model_id if engine is not None else ""
 
 
 def _recorder(settings: Settings, *, listeners: list[Callable[[Any], None]]) -> CompletionRecorder:

@@ -58,3 +58,15 @@ def test_each_server_has_its_own_services(tmp_path):
     a, b = build_server(_settings(tmp_path / "a")), build_server(_settings(tmp_path / "b"))
     assert a.services.metrics is not b.services.metrics
     assert a.services.datasets.root != b.services.datasets.root
+
+
+def test_publishing_an_engine_registers_the_one_traffic_observer_once(tmp_path):
+    from types import SimpleNamespace
+
+    from kiln.testing.stand_in import StandInEngine
+
+    state = build_server(_settings(tmp_path), routers=[]).state
+    engine = StandInEngine(info=SimpleNamespace(served_model_id="m"))
+    state.engine = engine
+    state.engine = engine
+    assert engine.observers == [state.services.traffic]

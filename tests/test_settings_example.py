@@ -97,7 +97,7 @@ def _prepared(s: Settings, tiny: Path):
 
     inp = ChatInput(messages=[{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": True},
                     budget_fields={})
-    return prepare_chat(_light_engine(tiny), inp, s.server)
+    return prepare_chat(_light_engine(tiny).prompt_context(), inp, s.server)
 
 
 def _effective(s: Settings, tiny: Path) -> dict[str, Any]:

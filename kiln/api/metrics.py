@@ -1,16 +1,16 @@
 """Kiln's Prometheus series (semantics.md §13.1, thinking-budget metrics §2.6), served by GET /metrics
 (kiln/api/routers/metrics.py).
 
-Request-level series are recorded by `KilnMetrics` (`state.services.metrics`), which observes every
-finished chat and batch completion (`completion_finished`) and counts requests refused before the
-engine took them (`counting_refusals`); engine-level series (scheduler, KV blocks, prefix cache, token totals,
+Request-level series are recorded by `KilnMetrics` (`state.services.metrics`), fed by the server's one
+traffic observer (kiln.api.observer.TrafficObserver): every finished chat and batch completion
+(`completion_finished`), every request refused before the engine took it or completed by its route
+(`finished`), and every recorded request (`observe_record`, the recorder's listener); engine-level series (scheduler, KV blocks, prefix cache, token totals,
 memory) are read from the engine at scrape time. Each app has its own registry, so several apps in
 one process (tests) never share series.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -22,11 +22,9 @@ from prometheus_client.registry import Collector
 from kiln.api.state import ServerState
 from kiln.core.output_grammar import KINDS
 from kiln.core.thinking_budget import outcome_label
-from kiln.engine.chat_response import FinishedCompletion, status_of
+from kiln.engine.chat_response import FinishedCompletion
 from kiln.engine.grammar import REFUSAL_REASONS
-from kiln.engine.timing import now
 from kiln.engine.view import EngineView
-from kiln.errors import KilnError
 
 log = logging.getLogger("kiln.api")
 
@@ -88,7 +86,7 @@ class KilnMetrics:
         self._peak = 0
         self._adapter_labels: set[str] = set()
 
-    # ---- request lifecycle (kiln.engine.serving.CompletionObserver, through ServerState) ------------
+    # ---- request lifecycle (kiln.engine.serving.CompletionObserver, through TrafficObserver) ---------
     def completion_started(self) -> None:
         self._in_flight += 1
         self._peak = max(self._peak, self._in_flight)
@@ -167,19 +165,6 @@ class KilnMetrics:
                 return "other"
             self._adapter_labels.add(name)
         return name
-
-
-@contextlib.contextmanager
-def counting_refusals(state: ServerState, started: float) -> Iterator[None]:
-    """A request refused before the engine took it (bad body, model loading, a rule the served model
-    decides) still counts in kiln_requests_total, by the class of its status."""
-    try:
-        yield
-    except Exception as e:
-        if state.services.metrics is not None:
-            status = status_of(e.status) if isinstance(e, KilnError) else "error"
-            state.services.metrics.finished(status, now() - started)
-        raise
 
 
 class _EngineCollector(Collector):
@@ -301,7 +286,3 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
-
-
-def metrics_for(state: ServerState) -> KilnMetrics | None:
-    return state.services.metrics

@@ -24,6 +24,7 @@ from kiln.train.teachers import TeacherStore
 
 if TYPE_CHECKING:  # kiln.api.metrics reads ServerState, which holds these services
     from kiln.api.metrics import KilnMetrics
+    from kiln.api.observer import TrafficObserver
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Services:
     eval_jobs: EvalJobManager
     training: TrainingManager
     recorder: CompletionRecorder             # recent requests, the request log (kiln.traffic.records)
+    traffic: TrafficObserver                 # the one observer of served and refused requests
     corrections: CorrectionStore
     teachers: TeacherStore                   # who OPD and distillation learn from (kiln.train.teachers)
     replicas: ReplicaService                 # other servers: health, publishing, eval fan-out (kiln.replicas)

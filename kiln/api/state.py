@@ -9,15 +9,12 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from kiln.adapters.active import model_spec_for
-from kiln.api.access_log import note_request
 from kiln.api.services import Services
 from kiln.api.shutdown import Lifecycle
 from kiln.config import Settings
-from kiln.engine.served_records import record_from_finished
 from kiln.errors import model_loading
 
 if TYPE_CHECKING:
-    from kiln.engine.chat_response import FinishedCompletion
     from kiln.engine.view import EngineView
 
 
@@ -42,9 +39,11 @@ class ServerState:
 
     @engine.setter
     def engine(self, engine: EngineView | None) -> None:
+        """Publish `engine`; the server's one traffic observer (kiln.api.observer) joins its observers."""
         self._engine = engine
-        if engine is not None and self not in engine.observers:
-            engine.observers.append(self)
+        traffic = self.services.traffic
+        if engine is not None and traffic not in engine.observers:
+            engine.observers.append(traffic)
 
     def require_engine(self) -> EngineView:
         if self._engine is None:
@@ -59,22 +58,6 @@ class ServerState:
         if engine is not None:
             engine.attach_adapters(s.adapter_store, s.adapter_compose_cache, s.adapters_active)
             s.adapters_active.restore(model_spec_for(engine))
-
-    # -- kiln.engine.serving.CompletionObserver: fan out to the services that observe completions ---
-    def completion_started(self) -> None:
-        self.services.metrics.completion_started()
-
-    def completion_finished(self, done: FinishedCompletion) -> None:
-        self.services.metrics.completion_finished(done)
-        rec = record_from_finished(done)
-        if rec is not None:
-            self.services.recorder.finished(rec)
-        # the request's access line (kiln.api.access_log): what was generated, for whom, how fast
-        ttft = done.timeline.ttft_ms() if done.timeline is not None else None
-        note_request(model=done.model, adapter=done.adapter, prompt_tokens=done.prompt_tokens,
-                     completion_tokens=sum(len(o.token_ids) for o in done.outputs),
-                     ttft_ms=round(ttft, 1) if ttft is not None else None,
-                     finish_reason=",".join(sorted(set(done.finish_reasons))) or done.status)
 
 
 def get_state(request: Request) -> ServerState:

@@ -3,7 +3,9 @@
 Chat, batch and the local eval generator all come through here, so a prompt is rendered, sampled,
 clamped to the context and given its thinking-budget controllers one way. The wire layer turns its
 pydantic models into a `ChatInput` (plain data); `prepare_chat` / `prepare_batch` check what needs the
-served model and return prepared requests whose `work()` is exactly what `Engine.submit` runs.
+served model -- read from a `PromptContext` (kiln.engine.prompt_context: model info, template, tokenizer,
+grammar compiler, adapter resolution), never from `Engine` itself -- and return prepared requests whose
+`work()` is exactly what `Engine.submit` runs.
 Turning engine events back into choices and stream chunks is `kiln.engine.chat_response`.
 
 Imports: core (sampling, thinking budget, reasoning/tool-call rules), the engine's own modules, store.
@@ -15,7 +17,7 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiln.config import ServerSettings
 from kiln.core.budget_controller import ThinkingBudgetController
@@ -38,13 +40,11 @@ from kiln.engine.actor import GenerationRequest
 from kiln.engine.grammar import CompiledGrammar, GrammarRefusal, gbnf_to_lark
 from kiln.engine.lora_slots import AdapterTarget
 from kiln.engine.model_selection import ModelSelection, select_model
+from kiln.engine.prompt_context import PromptContext
 from kiln.engine.provenance import MAX_STOP_BYTES, MAX_STOPS, MAX_TEMPLATE_KWARGS, PolicyIdentity
 from kiln.engine.timing import RequestTimeline, now
 from kiln.errors import KilnError
 from kiln.store.names import validate_name
-
-if TYPE_CHECKING:
-    from kiln.engine.serving import Engine
 
 MAX_COMPOSE_ADAPTERS = 16
 CHAT_CODE = "chat_invalid_request"
@@ -109,14 +109,14 @@ class ChatInput:
 
 # ---- the pieces ---------------------------------------------------------------------------------
 
-def select_request_model(engine: Engine, selection: AdapterSelection) -> ModelSelection:
+def select_request_model(ctx: PromptContext, selection: AdapterSelection) -> ModelSelection:
     """What `model` selects (kiln.engine.model_selection): nothing, or a stored adapter by name."""
-    store = engine.adapters.store if engine.adapters is not None else None
-    return select_model(selection.model, served_model_id=engine.info.served_model_id, adapter_store=store,
+    store = ctx.adapter_store()
+    return select_model(selection.model, served_model_id=ctx.info.served_model_id, adapter_store=store,
                         explicit_adapter=selection.explicit)
 
 
-def resolve_adapter(engine: Engine, selection: AdapterSelection, *, prefix: str = "") -> AdapterTarget | None:
+def resolve_adapter(ctx: PromptContext, selection: AdapterSelection, *, prefix: str = "") -> AdapterTarget | None:
     """The adapter revision a request runs on (None = the base model): the one place that decides it.
 
     Rules: not both `adapter` and `adapters`; `adapters` not empty, at most 16, every name one safe path
@@ -125,9 +125,9 @@ def resolve_adapter(engine: Engine, selection: AdapterSelection, *, prefix: str 
     says whether the adapter exists and which revision it is.
     """
     adapter, adapters = selection.adapter, selection.adapters
-    by_model = select_request_model(engine, selection).adapter
+    by_model = select_request_model(ctx, selection).adapter
     if by_model is not None:
-        return engine.resolve_adapter(adapter_given=True, adapter=by_model, adapters=None, param="model")
+        return ctx.resolve_adapter(adapter_given=True, adapter=by_model, adapters=None, param="model")
     if selection.both_given:
         raise KilnError(400, "invalid_compose_request", f"{prefix}give either adapter or adapters, not both",
                         param="adapters", hint="Send one adapter name, or an adapters list to compose.")
@@ -143,7 +143,7 @@ def resolve_adapter(engine: Engine, selection: AdapterSelection, *, prefix: str 
             validate_name(ref.name, kind="adapter", param=f"adapters[{i}].name", code="invalid_adapter_name")
     elif adapter:
         validate_name(adapter, kind="adapter", param="adapter", code="invalid_adapter_name")
-    return engine.resolve_adapter(adapter_given=selection.adapter_given, adapter=adapter, adapters=adapters)
+    return ctx.resolve_adapter(adapter_given=selection.adapter_given, adapter=adapter, adapters=adapters)
 
 
 @dataclass
@@ -152,24 +152,24 @@ class RenderedPrompt:
     thinking_enabled: bool
 
 
-def render_prompt(engine: Engine, messages: list[dict[str, Any]], tools: list[Any] | None,
+def render_prompt(ctx: PromptContext, messages: list[dict[str, Any]], tools: list[Any] | None,
                   kwargs: dict[str, Any], *, prefix: str) -> RenderedPrompt:
     try:
-        prompt = engine.render_chat(messages, tools=tools or None, template_kwargs=kwargs)
+        prompt = ctx.render_chat(messages, tools=tools or None, template_kwargs=kwargs)
     except KilnError:
         raise
     except Exception as e:
         raise KilnError(400, "invalid_messages", f"{prefix}the chat template rejected the messages: {e}",
                         param="messages") from None
-    return RenderedPrompt(engine.encode_prompt(prompt), detect_thinking_mode(prompt).thinking_enabled)
+    return RenderedPrompt(ctx.encode_prompt(prompt), detect_thinking_mode(prompt).thinking_enabled)
 
 
-def resolve_params(engine: Engine, inp: ChatInput, settings: ServerSettings) -> SamplingParams:
+def resolve_params(ctx: PromptContext, inp: ChatInput, settings: ServerSettings) -> SamplingParams:
     """Sampling resolved and validated (400 naming the field); stops and ignore_eos applied.
     max_tokens is not clamped to the context yet: that needs the prompt (`clamp_to_context`)."""
     params = resolve_sampling(
-        inp.sampling, preset=inp.sampling_preset, qwen3_family=engine.info.qwen3_family,
-        has_tools=bool(inp.tools), model_defaults=engine.info.generation_defaults, eval_mode=settings.eval_mode,
+        inp.sampling, preset=inp.sampling_preset, qwen3_family=ctx.info.qwen3_family,
+        has_tools=bool(inp.tools), model_defaults=ctx.info.generation_defaults, eval_mode=settings.eval_mode,
     )
     validate_sampling(params, code=inp.code)
     params.stop = inp.user_stops
@@ -179,23 +179,23 @@ def resolve_params(engine: Engine, inp: ChatInput, settings: ServerSettings) -> 
     return params
 
 
-def resolve_grammar(engine: Engine, inp: ChatInput) -> CompiledGrammar | None:
+def resolve_grammar(ctx: PromptContext, inp: ChatInput) -> CompiledGrammar | None:
     """The chat or batch request's output grammar, compiled (kiln.engine.grammar), or None for free text."""
-    return compile_output_grammar(engine, inp.output_fields, tools=inp.tools, tool_choice=inp.tool_choice,
+    return compile_output_grammar(ctx, inp.output_fields, tools=inp.tools, tool_choice=inp.tool_choice,
                                   parallel_tool_calls=inp.parallel_tool_calls, stops=inp.user_stops,
                                   code=inp.code, prefix=inp.prefix)
 
 
-def compile_output_grammar(engine: Engine, fields: dict[str, Any], *, tools: list[Any] | None = None,
+def compile_output_grammar(ctx: PromptContext, fields: dict[str, Any], *, tools: list[Any] | None = None,
                            tool_choice: Any = None, parallel_tool_calls: bool | None = None,
                            stops: list[str] | None = None, code: str, prefix: str = "") -> CompiledGrammar | None:
     """One grammar per request: response_format-like fields and a forcing tool_choice cannot both
     constrain it, and stop strings cannot cut a constrained output (the grammar decides where it ends).
     Every request with a grammar counts by kind, every refusal by reason (/metrics)."""
-    counters = engine.grammars.counters
+    counters = ctx.grammars().counters
     try:
         spec = output_grammar(fields, code=code, gbnf_to_lark=gbnf_to_lark)
-        forced = tool_grammar(tools, tool_choice, parallel_tool_calls, code=code, tag_ids=engine.tool_tag_ids)
+        forced = tool_grammar(tools, tool_choice, parallel_tool_calls, code=code, tag_ids=ctx.tool_tag_ids)
         if spec is not None and forced is not None and forced.kind == "tool_call":
             raise KilnError(400, code, f"{prefix}{spec.param} and tool_choice both constrain the output; "
                             "give one", param=spec.param,
@@ -207,7 +207,7 @@ def compile_output_grammar(engine: Engine, fields: dict[str, Any], *, tools: lis
             raise KilnError(400, code, f"{prefix}stop strings cannot be combined with {chosen.param}: "
                             "the output grammar decides where the output ends", param="stop",
                             hint="Drop stop, or express the end in the grammar.")
-        compiled = engine.grammars.compile(chosen, code=code)
+        compiled = ctx.grammars().compile(chosen, code=code)
     except GrammarRefusal as e:
         counters.refusals[e.reason] += 1
         raise
@@ -225,9 +225,9 @@ def _grammar_params(params: SamplingParams, grammar: CompiledGrammar | None) -> 
         params.stop = [s for s in params.stop if s != TAG_CLOSE]
 
 
-def clamp_to_context(engine: Engine, prompt_len: int, max_tokens: int, *, param: str = "messages") -> int:
+def clamp_to_context(ctx: PromptContext, prompt_len: int, max_tokens: int, *, param: str = "messages") -> int:
     """§4.5: a prompt at or past the context ceiling is a 400; otherwise max_tokens fits the room left."""
-    ceiling = engine.info.max_model_len
+    ceiling = ctx.info.max_model_len
     if prompt_len >= ceiling:
         raise KilnError(
             400, "context_length_exceeded",
@@ -307,52 +307,52 @@ class PreparedChat:
 _UNRESOLVED: Any = object()
 
 
-def prepare_chat(engine: Engine, inp: ChatInput, settings: ServerSettings, *, started: float | None = None,
+def prepare_chat(ctx: PromptContext, inp: ChatInput, settings: ServerSettings, *, started: float | None = None,
                  request_id: str | None = None, target: AdapterTarget | None = _UNRESOLVED) -> PreparedChat:
     """Everything a chat request needs before the engine runs it; `target` skips adapter resolution
     for a caller that resolved it already (the eval generator reports adapter failures apart)."""
     timeline = RequestTimeline(started if started is not None else now())
     if target is _UNRESOLVED:
-        target = resolve_adapter(engine, inp.adapter, prefix=inp.prefix)
+        target = resolve_adapter(ctx, inp.adapter, prefix=inp.prefix)
     kwargs = effective_template_kwargs(inp.chat_template_kwargs,
                                        default_thinking_enabled=settings.default_thinking_enabled)
-    grammar = resolve_grammar(engine, inp)   # a field the grammar cannot use is a 400 before any rendering
+    grammar = resolve_grammar(ctx, inp)   # a field the grammar cannot use is a 400 before any rendering
     t0 = now()
-    rendered = render_prompt(engine, inp.messages, inp.tools, kwargs, prefix=inp.prefix)
+    rendered = render_prompt(ctx, inp.messages, inp.tools, kwargs, prefix=inp.prefix)
     timeline.tokenization_ms = (now() - t0) * 1000.0
-    params = resolve_params(engine, inp, settings)
-    params.max_tokens = clamp_to_context(engine, len(rendered.prompt_ids), params.max_tokens)
+    params = resolve_params(ctx, inp, settings)
+    params.max_tokens = clamp_to_context(ctx, len(rendered.prompt_ids), params.max_tokens)
     _grammar_params(params, grammar)
     budget = _resolved_budget(inp, settings)
-    close_ids = engine.close_think_ids
+    close_ids = ctx.close_think_ids
     budget_applies = check_budget_request(budget, thinking_enabled=rendered.thinking_enabled,
                                           max_tokens=params.max_tokens, stops=inp.stop, close_ids=close_ids,
-                                          close_decoded=engine.tokenizer.decode(close_ids), code=inp.code)
-    policy = _check_rollout(engine, inp, params, kwargs, target) if inp.rollout_provenance else None
+                                          close_decoded=ctx.decode(close_ids), code=inp.code)
+    policy = _check_rollout(ctx, inp, params, kwargs, target) if inp.rollout_provenance else None
     prep = PreparedChat(
-        inp, rendered.prompt_ids, engine.choice_params(params, inp.n), rendered.thinking_enabled,
+        inp, rendered.prompt_ids, ctx.choice_params(params, inp.n), rendered.thinking_enabled,
         thinking_source(inp.chat_template_kwargs, default_thinking_enabled=settings.default_thinking_enabled),
         settings.default_thinking_enabled, budget, budget_applies, close_ids,
         _flag(inp.fold_reasoning, settings.fold_reasoning_into_content),
-        tool_parsing_enabled(inp.tools, inp.tool_choice), select_request_model(engine, inp.adapter).model_id,
+        tool_parsing_enabled(inp.tools, inp.tool_choice), select_request_model(ctx, inp.adapter).model_id,
         template_kwargs=kwargs, timeline=timeline,
         include_performance=_flag(inp.include_performance, settings.chat_performance_metadata),
         include_config_hashes=_flag(inp.include_config_hashes, settings.chat_config_hash_metadata),
         policy=policy, adapter=target, grammar=grammar,
-        grammar_gate=engine.close_think_ids if grammar is not None and rendered.thinking_enabled else None,
+        grammar_gate=ctx.close_think_ids if grammar is not None and rendered.thinking_enabled else None,
     )
     if request_id is not None:
         prep.id = request_id
     return prep
 
 
-def _check_rollout(engine: Engine, inp: ChatInput, params: SamplingParams, kwargs: dict[str, Any],
+def _check_rollout(ctx: PromptContext, inp: ChatInput, params: SamplingParams, kwargs: dict[str, Any],
                    target: AdapterTarget | None) -> PolicyIdentity:
     """§6.1 preconditions that need the served model and the resolved request."""
     def bad(message: str, param: str, hint: str) -> KilnError:
         return KilnError(400, inp.code, inp.prefix + message, param=param, hint=hint)
 
-    policy = engine.policy()
+    policy = ctx.policy()
     if policy is None:
         raise bad("rollout_provenance needs a content-addressed base-model identity, which this server lacks",
                   "rollout_provenance", "Drop rollout_provenance.")
@@ -421,27 +421,27 @@ class PreparedBatch:
                 for pl in self.runnable]
 
 
-def prepare_batch(engine: Engine, inp: ChatInput, prompts: list[list[dict[str, Any]]], settings: ServerSettings,
+def prepare_batch(ctx: PromptContext, inp: ChatInput, prompts: list[list[dict[str, Any]]], settings: ServerSettings,
                   *, started: float | None = None) -> PreparedBatch:
     """§5.1: every prompt rendered and checked; one that cannot run fails alone (its `error` is set).
     Completion (p, c) samples with seed + p*n + c."""
-    target = resolve_adapter(engine, inp.adapter, prefix=inp.prefix)
-    params = resolve_params(engine, inp, settings)
-    grammar = resolve_grammar(engine, inp)
+    target = resolve_adapter(ctx, inp.adapter, prefix=inp.prefix)
+    params = resolve_params(ctx, inp, settings)
+    grammar = resolve_grammar(ctx, inp)
     _grammar_params(params, grammar)
     budget = _resolved_budget(inp, settings)
     kwargs = effective_template_kwargs(inp.chat_template_kwargs,
                                        default_thinking_enabled=settings.default_thinking_enabled)
-    plans = _plan_prompts(engine, inp, prompts, params, budget, kwargs)
+    plans = _plan_prompts(ctx, inp, prompts, params, budget, kwargs)
     n = inp.n
     seed = params.seed if params.seed is not None else _random_seed()
     for pl in plans:
         if pl.error is None:
             base = dataclasses.replace(params, stop=list(params.stop), max_tokens=pl.max_tokens,
                                        seed=(seed + pl.index * n) % 2**64)
-            pl.params = engine.choice_params(base, n)
-    batch = PreparedBatch(inp, plans, budget, engine.close_think_ids, tool_parsing_enabled(inp.tools, inp.tool_choice),
-                          settings.fold_reasoning_into_content, select_request_model(engine, inp.adapter).model_id,
+            pl.params = ctx.choice_params(base, n)
+    batch = PreparedBatch(inp, plans, budget, ctx.close_think_ids, tool_parsing_enabled(inp.tools, inp.tool_choice),
+                          settings.fold_reasoning_into_content, select_request_model(ctx, inp.adapter).model_id,
                           target, grammar)
     if started is not None:
         batch.started_at = started
@@ -454,25 +454,25 @@ def _random_seed() -> int:
     return random.getrandbits(63)
 
 
-def _plan_prompts(engine: Engine, inp: ChatInput, prompts: list[list[dict[str, Any]]], params: SamplingParams,
+def _plan_prompts(ctx: PromptContext, inp: ChatInput, prompts: list[list[dict[str, Any]]], params: SamplingParams,
                   budget: EffectiveBudget, kwargs: dict[str, Any]) -> list[PromptPlan]:
     plans = []
     for p, messages in enumerate(prompts):
         plan = PromptPlan(p, [], messages=messages)
         try:
-            rendered = render_prompt(engine, messages, inp.tools, kwargs, prefix=inp.prefix)
+            rendered = render_prompt(ctx, messages, inp.tools, kwargs, prefix=inp.prefix)
             plan.prompt_ids, plan.thinking_enabled = rendered.prompt_ids, rendered.thinking_enabled
-            plan.max_tokens = clamp_to_context(engine, len(rendered.prompt_ids), params.max_tokens,
+            plan.max_tokens = clamp_to_context(ctx, len(rendered.prompt_ids), params.max_tokens,
                                                param=f"prompts[{p}]")
         except KilnError as e:
             plan.error = e.message
         plans.append(plan)
-    close_ids = engine.close_think_ids
+    close_ids = ctx.close_think_ids
     runnable = [pl for pl in plans if pl.error is None]
     if any(applies(budget, thinking_enabled=pl.thinking_enabled, max_tokens=pl.max_tokens) for pl in runnable):
         # request-wide §2.3 checks: the same stops and max_tokens go to every prompt
         check_stop_strings(inp.stop, code=inp.code)
-        check_close_sequence(close_ids, engine.tokenizer.decode(close_ids), param=budget.limiting_param,
+        check_close_sequence(close_ids, ctx.decode(close_ids), param=budget.limiting_param,
                              code=inp.code)
         check_max_tokens_fits(params.max_tokens, len(close_ids), param=inp.max_tokens_param, code=inp.code)
     for pl in runnable:

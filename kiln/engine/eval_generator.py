@@ -72,13 +72,13 @@ class LocalEngineGenerator:
     # -- one request ----------------------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, target: AdapterTarget | None) -> PreparedChat:
         request_id = f"eval-{req.label or 'request'}-{uuid.uuid4().hex[:8]}"
-        return prepare_chat(self.engine, chat_input(req), self.server, request_id=request_id, target=target)
+        return prepare_chat(self.engine.prompt_context(), chat_input(req), self.server, request_id=request_id, target=target)
 
     async def _one(self, req: GenerationRequest) -> GenerationResult:
         started = time.perf_counter()
         inp = chat_input(req)
         try:
-            target = resolve_adapter(self.engine, inp.adapter)
+            target = resolve_adapter(self.engine.prompt_context(), inp.adapter)
         except KilnError as e:
             return GenerationResult.failed(f"adapter {req.adapter!r} cannot be applied: {e.message}")
         try:

@@ -50,7 +50,7 @@ def prepare_legacy(engine: EngineView, req: Any, adapter_store: Any, eval_mode: 
     validate_sampling(params, code=CODE)
     params.stop = req.stop_list()
     params.ignore_eos = req.ignore_eos
-    grammar = compile_output_grammar(engine, req.output_fields(), stops=params.stop, code=CODE, prefix=PREFIX)
+    grammar = compile_output_grammar(engine.prompt_context(), req.output_fields(), stops=params.stop, code=CODE, prefix=PREFIX)
     ceiling = engine.info.max_model_len
     wanted = 16 if req.max_tokens is None else req.max_tokens
     max_tokens = []

@@ -23,6 +23,7 @@ from kiln.engine.adapter_resolver import AdapterResolver
 from kiln.engine.chat_template import ChatTemplate
 from kiln.engine.grammar import GrammarCompiler, GrammarCounters
 from kiln.engine.lora_slots import AdapterTarget
+from kiln.engine.prompt_context import PromptContext
 from kiln.engine.provenance import PolicyIdentity, ServingIdentity, tagged
 from kiln.engine.scoring import PromptScores
 from kiln.engine.tokenizer import Tokenizer
@@ -129,6 +130,7 @@ class Engine:
         self.weights = weights
         self._bridge = ActorBridge(actor)
         self._grammars: GrammarCompiler | None = None
+        self._prompt_context: PromptContext | None = None
         self.identity = identity
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
@@ -317,6 +319,17 @@ class Engine:
         """Output grammars' totals for /metrics, one set: compiles and refusals (counted by `grammars`),
         masks and mid-generation failures (counted by the actor's runner)."""
         return self.actor.runner.grammar_counters
+
+    def prompt_context(self) -> PromptContext:
+        """What request preparation reads from this engine (kiln.engine.prompt_context), built once."""
+        if self._prompt_context is None:
+            self._prompt_context = PromptContext(
+                info=self.info, render_chat=self.render_chat, encode_prompt=self.encode_prompt,
+                decode=self.tokenizer.decode, choice_params=self.choice_params, resolve_adapter=self.resolve_adapter,
+                adapter_store=lambda: self.adapters.store if self.adapters is not None else None,
+                grammars=lambda: self.grammars, policy=self.policy, tool_tag_ids=self.tool_tag_ids,
+                close_think_ids=self.close_think_ids)
+        return self._prompt_context
 
     @property
     def tool_tag_ids(self) -> tuple[int, int] | None:

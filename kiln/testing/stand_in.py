@@ -12,6 +12,7 @@ from typing import Any
 from kiln.core.admission import AdmissionGate
 from kiln.core.decode_stats import DecodeSnapshot, DecodeWindow
 from kiln.engine.grammar import GrammarCounters
+from kiln.engine.prompt_context import PromptContext
 
 
 class StandInEngine:
@@ -100,6 +101,17 @@ class StandInEngine:
     @property
     def close_think_ids(self) -> list[int]:
         return self.tokenizer.encode("</think>", add_special_tokens=False)
+
+    def prompt_context(self) -> PromptContext:
+        """Preparation over the stand-in's tokenizer and template; output grammars are not compiled."""
+        def no_grammars() -> Any:
+            raise RuntimeError("StandInEngine compiles no output grammars")
+
+        return PromptContext(info=self.info, render_chat=self.render_chat, encode_prompt=self.encode_prompt,
+                             decode=self.tokenizer.decode if self.tokenizer is not None else str,
+                             choice_params=self.choice_params, resolve_adapter=self.resolve_adapter,
+                             adapter_store=lambda: None, grammars=no_grammars, policy=self.policy,
+                             tool_tag_ids=None, close_think_ids=self.close_think_ids if self.tokenizer else [])
 
     def admit(self, prompt_tokens: list[int]) -> Any:
         raise NotImplementedError("a stand-in engine admits no requests")

@@ -293,37 +293,6 @@ def follow_training(store: CorrectionStore, manager: Any) -> None:
             store.resolve(job_id, trained=False, outcome="interrupted by a restart")
 
 
-# ---- what the corrections routes call ----------------------------------------------------------------
-
-def served_conversation(rec: Any, request_id: str, prompt_index: int | None, *,
-                        logging_on: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
-    """(conversation, the answer served, the adapter that served it) of a recorded request
-    (kiln.traffic.records.CompletionRecord, or None when neither the ring nor the log has it)."""
-    if rec is None:
-        where = "the recent-request ring" + (" or the request log" if logging_on else "")
-        raise KilnError(404, "request_not_found", f"no served request {request_id!r} in {where}", param="request_id",
-                        hint="Use the `id` of a chat completion (chatcmpl-...) as GET /v1/stats/recent-requests "
-                             "shows it, or send `messages` instead."
-                             + ("" if logging_on else " Enable [request_log] to find older requests."))
-    if not rec.correctable:
-        raise KilnError(409, "request_not_captured", f"request {request_id!r} was too large to keep its messages",
-                        param="request_id", hint="Send the conversation as `messages` instead.")
-    index = 0
-    if rec.kind == "batch":
-        count = len(rec.prompts or [])
-        if prompt_index is None and count > 1:
-            raise invalid(f"request {request_id!r} is a batch of {count} prompts; say which with `prompt_index`",
-                          param="prompt_index")
-        index = prompt_index or 0
-        if index >= count:
-            raise invalid(f"`prompt_index` {index} is out of range for a batch of {count} prompts",
-                          param="prompt_index")
-    elif prompt_index not in (None, 0):
-        raise invalid("`prompt_index` applies to batch requests only", param="prompt_index")
-    answer = rec.answer(index)
-    return list(rec.conversation(index)), answer.message() if answer is not None else None, rec.adapter
-
-
 def corrections_config(config: dict[str, Any], active_name: str | None, num_rows: int) -> dict[str, Any]:
     """The SFT config a corrections job runs with: the caller's fields, then the corrections recipe
     (all rows in one batch, up to MAX_BATCH, so an epoch is one step).

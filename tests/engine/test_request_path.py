@@ -60,7 +60,7 @@ def test_chat_and_eval_generator_requests_give_the_engine_the_same_work(engine, 
     eval_req = GenerationRequest(messages=MESSAGES, temperature=0.7, top_p=0.9, top_k=20, max_tokens=40,
                                  stop=["\n\n"], seed=1234, chat_template_kwargs={"enable_thinking": thinking},
                                  thinking_budget=resolve_budget({"thinking_budget_tokens": 8}, server))
-    from_chat = prepare_chat(engine, chat.to_input(), server).work()
+    from_chat = prepare_chat(engine.prompt_context(), chat.to_input(), server).work()
     from_eval = LocalEngineGenerator(engine, server).prepare(eval_req, None).work()
     assert engine_inputs(from_chat) == engine_inputs(from_eval)
     assert (controller_config(from_chat) is not None) == thinking
@@ -72,7 +72,7 @@ def test_a_chat_request_and_an_eval_request_overflow_the_context_with_one_error(
     from kiln.errors import KilnError
 
     with pytest.raises(KilnError) as chat_err:
-        prepare_chat(engine, ChatCompletionRequest.model_validate({"messages": long, "max_tokens": 256}).to_input(),
+        prepare_chat(engine.prompt_context(), ChatCompletionRequest.model_validate({"messages": long, "max_tokens": 256}).to_input(),
                      server)
     with pytest.raises(KilnError) as eval_err:
         LocalEngineGenerator(engine, server).prepare(GenerationRequest(messages=long), None)

@@ -10,8 +10,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import parse_body
-from kiln.api.metrics import counting_refusals
-from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import get_state
 from kiln.api.wire.batch import PREFIX, BatchCompletionRequest
 from kiln.engine.chat_request import prepare_batch
@@ -26,11 +24,11 @@ CODE = "batch_invalid_request"
 async def batch_completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started), recording_refusals(state, request, started, "batch") as seen:
+    with state.services.traffic.refusals(started, "batch") as seen:
         req = await parse_body(request, BatchCompletionRequest, code=CODE, prefix=PREFIX)
         seen.inp, seen.prompts = req.to_input(), req.prompt_dicts()
         engine = state.require_engine()
-        batch = prepare_batch(engine, seen.inp, seen.prompts, state.settings.server, started=started)
+        batch = prepare_batch(engine.prompt_context(), seen.inp, seen.prompts, state.settings.server, started=started)
         admission = engine.admit([len(pl.prompt_ids) for pl in batch.runnable])
     batch.client_request_id = seen.request_id
     return JSONResponse(await run_batch(engine, batch, admission))

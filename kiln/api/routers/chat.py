@@ -12,8 +12,6 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from kiln.api.errors import parse_body
-from kiln.api.metrics import counting_refusals
-from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import ServerState, get_state
 from kiln.api.wire.chat import PREFIX, ChatCompletionRequest
 from kiln.engine.chat_request import prepare_chat
@@ -41,11 +39,11 @@ def response_headers(state: ServerState) -> dict[str, str]:
 async def chat_completions(request: Request):
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started), recording_refusals(state, request, started, "chat") as seen:
+    with state.services.traffic.refusals(started, "chat") as seen:
         req = await parse_body(request, ChatCompletionRequest, code=CODE, prefix=PREFIX)
         seen.inp = req.to_input()
         engine = state.require_engine()
-        prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+        prep = prepare_chat(engine.prompt_context(), seen.inp, state.settings.server, started=started)
         admission = engine.admit([len(prep.prompt_ids)])   # 429 here, before anything is queued
     prep.client_request_id = seen.request_id
     if req.stream:

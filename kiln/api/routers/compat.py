@@ -19,11 +19,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from kiln.api.access_log import note_request
 from kiln.api.errors import parse_body
-from kiln.api.metrics import counting_refusals, metrics_for
 from kiln.api.routers.chat import response_headers
-from kiln.api.routers.stats import recording_refusals
 from kiln.api.state import get_state
 from kiln.api.wire.chat import PREFIX as CHAT_PREFIX
 from kiln.api.wire.compat import (
@@ -95,7 +92,7 @@ for _base in ("", "/compat"):
 async def legacy_completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started):
+    with state.services.traffic.refusals(started):
         req = await parse_body(request, LegacyCompletionRequest, code=CODE, prefix=PREFIX)
         engine = state.require_engine()
         plan, model_id = prepare_legacy(engine, req, state.services.adapter_store,
@@ -105,12 +102,10 @@ async def legacy_completions(request: Request) -> JSONResponse:
                                              admission=admission)
     usage = result["usage"]
     ttft = None if plan.first_token_at is None else round((plan.first_token_at - started) * 1000.0, 1)
-    note_request(model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
-                 prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"], ttft_ms=ttft,
-                 finish_reason=",".join(sorted({c["finish_reason"] for c in result["choices"]})))
-    metrics = metrics_for(state)
-    if metrics is not None:
-        metrics.finished("ok", now() - started)
+    state.services.traffic.served(
+        started, model=model_id, adapter=plan.adapter.label if plan.adapter else "base",
+        prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"], ttft_ms=ttft,
+        finish_reason=",".join(sorted({c["finish_reason"] for c in result["choices"]})))
     return JSONResponse({**result, "created": int(time.time()), "model": model_id})
 
 
@@ -121,11 +116,11 @@ async def legacy_completions(request: Request) -> JSONResponse:
 async def compat_chat_completions(request: Request):
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started), recording_refusals(state, request, started, "chat") as seen:
+    with state.services.traffic.refusals(started, "chat") as seen:
         req = await parse_body(request, CompatChatRequest, code=CHAT_CODE, prefix=CHAT_PREFIX)
         seen.inp = req.to_input()
         engine = state.require_engine()
-        prep = prepare_chat(engine, seen.inp, state.settings.server, started=started)
+        prep = prepare_chat(engine.prompt_context(), seen.inp, state.settings.server, started=started)
         top = req.wanted_top_logprobs
         if top is not None:
             check_scorable(prep, code=CHAT_CODE, prefix=CHAT_PREFIX)

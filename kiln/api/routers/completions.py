@@ -10,7 +10,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kiln.api.errors import parse_body
-from kiln.api.metrics import counting_refusals, metrics_for
 from kiln.api.state import get_state
 from kiln.api.wire.completions import PREFIX, TextCompletionRequest
 from kiln.engine.score_request import CODE, ScoreInput, prepare_score, score_prompt
@@ -23,14 +22,12 @@ router = APIRouter(tags=["inference"])
 async def completions(request: Request) -> JSONResponse:
     started = now()
     state = get_state(request)
-    with counting_refusals(state, started):
+    with state.services.traffic.refusals(started):
         req = await parse_body(request, TextCompletionRequest, code=CODE, prefix=PREFIX)
         engine = state.require_engine()
         ids = prepare_score(engine, ScoreInput(req.prompt, req.prompt_logprobs, req.model, req.add_special_tokens),
                             active_adapter=state.services.active_adapter_name())
         result = await score_prompt(engine, ids, req.prompt_logprobs, state.settings.server.request_timeout_secs,
                                     engine.admit([len(ids)]))
-    metrics = metrics_for(state)
-    if metrics is not None:
-        metrics.finished("ok", now() - started)
+    state.services.traffic.served(started)
     return JSONResponse(result)

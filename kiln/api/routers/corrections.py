@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln.api.errors import parse_model, read_json_body
 from kiln.api.state import ServerState, get_state
 from kiln.errors import KilnError
+from kiln.traffic.conversations import served_conversation
 from kiln.traffic.records import last_user_text, rehearsal_rows
 from kiln.train.corrections import (
     CODE,
@@ -35,7 +36,6 @@ from kiln.train.corrections import (
     Correction,
     CorrectionStore,
     invalid,
-    served_conversation,
     submit_corrections,
 )
 from kiln.train.errors import CODE as TRAIN_CODE
@@ -92,9 +92,7 @@ def _state_param(value: str | None) -> str | None:
 
 
 def _served(state: ServerState, request_id: str, prompt_index: int | None) -> tuple[list, dict | None, str]:
-    recorder = state.services.recorder
-    rec = recorder.find(request_id) if recorder is not None else None
-    return served_conversation(rec, request_id, prompt_index, logging_on=state.settings.request_log.enabled)
+    return served_conversation(state.services.recorder, request_id, prompt_index, invalid=invalid)
 
 
 @router.post("/v1/corrections")

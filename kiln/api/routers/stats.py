@@ -4,75 +4,26 @@
 Services (built by kiln.server.build_server):
   state.services.recorder   CompletionRecorder: the recent-request ring, the request log when
                             `[request_log] enabled`, and the Prometheus listener (kiln.traffic.records)
-Every completion reaches the recorder through `Engine.finish_completion` -> `ServerState.completion_finished`;
-a request refused before the engine took it through `recording_refusals` (the chat and batch routes).
+Every completion reaches the recorder through `Engine.finish_completion` -> the server's traffic observer
+(kiln.api.observer.TrafficObserver.completion_finished); a request refused before the engine took it
+through `TrafficObserver.refusals` (the chat and batch routes).
 The decode window lives on the engine actor (`actor.decode_stats`), which feeds it once per model step.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kiln.api.access_log import current_request_id, new_request_id
 from kiln.api.state import ServerState, get_state
-from kiln.core.thinking_budget import resolve_budget
-from kiln.engine.chat_response import status_of
-from kiln.engine.timing import now
 from kiln.errors import KilnError, model_loading
-from kiln.traffic.records import STATUSES, CompletionRecorder, rejected_record
+from kiln.traffic.records import STATUSES, CompletionRecorder
 
 router = APIRouter(tags=["observability"])
 
 
-
 def recorder_for(state: ServerState) -> CompletionRecorder | None:
     return state.services.recorder
-
-
-# ---- what the inference routes call ------------------------------------------------------------------
-
-def client_request_id(request: Request) -> str:
-    """The request's id: the client's `x-request-id` as RequestIdMiddleware took (and echoes) it, else a
-    fresh one (an app built without the middleware)."""
-    return current_request_id() or new_request_id()
-
-
-@dataclass
-class Seen:
-    """What a route learned about a request before it failed (recorded by `recording_refusals`)."""
-
-    request_id: str
-    inp: Any = None                 # kiln.engine.chat_request.ChatInput, once parsed
-    prompts: list | None = None     # a batch's conversations
-
-
-@contextlib.contextmanager
-def recording_refusals(state: ServerState, request: Request, started: float, kind: str) -> Iterator[Seen]:
-    """A request that parsed but was refused before the engine took it still gets a recent-request
-    record (status rejected/error, finish_reason "error", the budget as far as it resolved)."""
-    seen = Seen(client_request_id(request))
-    try:
-        yield seen
-    except Exception as e:
-        recorder = state.services.recorder
-        if recorder is not None and seen.inp is not None:
-            try:
-                budget: dict[str, Any] | None = resolve_budget(seen.inp.budget_fields, state.settings.server).to_dict()
-            except KilnError:
-                budget = None  # the budget fields themselves were the problem
-            engine = state.engine
-            recorder.finished(rejected_record(
-                kind, seen.inp, model=engine.info.served_model_id if engine is not None else "",
-                request_id=seen.request_id, status=status_of(e.status) if isinstance(e, KilnError) else "error",
-                error=e.message if isinstance(e, KilnError) else f"{type(e).__name__}: {e}",
-                duration_ms=(now() - started) * 1000.0, budget=budget, prompts=seen.prompts))
-        raise
 
 
 # ---- routes -------------------------------------------------------------------------------------------
