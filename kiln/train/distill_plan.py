@@ -11,7 +11,7 @@ with privileged context prepended to its system message: `conciseness` an instru
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.errors import KilnError
 from kiln.train.errors import invalid, row_invalid
@@ -20,6 +20,9 @@ from kiln.train.plan import TrainingPlan, _plan
 from kiln.train.post_eval import plan_post_eval
 from kiln.train.requests import DistillConfig, OpdRequest, SelfDistillRequest
 from kiln.train.sources import TrainingData, resolve_source
+
+if TYPE_CHECKING:
+    from kiln.engine.view import EngineView
 
 CONCISE = "Answer as briefly as possible: one short sentence, no preamble, no explanation."
 GROUND_TRUTH = ("The correct answer is: {reference}\nAnswer the user with it, in your own words, "
@@ -60,7 +63,7 @@ def with_context(messages: list[dict[str, Any]], context: str) -> list[dict[str,
     return [{"role": "system", "content": context}, *messages]
 
 
-def _encode(engine: Any, messages: list[dict[str, Any]], label: str) -> list[int]:
+def _encode(engine: EngineView, messages: list[dict[str, Any]], label: str) -> list[int]:
     try:
         text = engine.template.render(messages, add_generation_prompt=True)
     except ValueError as e:
@@ -69,7 +72,7 @@ def _encode(engine: Any, messages: list[dict[str, Any]], label: str) -> list[int
     return list(engine.tokenizer.backend.encode(text, add_special_tokens=False).ids)
 
 
-def _items(engine: Any, cfg: DistillConfig, data: TrainingData,
+def _items(engine: EngineView, cfg: DistillConfig, data: TrainingData,
            teacher_context: Any) -> list[DistillItem]:
     """One item per (prompt, sample); `teacher_context(messages, reference, label)` gives the teacher's prompt."""
     items = []
@@ -88,11 +91,11 @@ def _items(engine: Any, cfg: DistillConfig, data: TrainingData,
     return items
 
 
-def _work(engine: Any, cfg: DistillConfig, items: list[DistillItem], teacher: Teacher, mode: str,
+def _work(engine: EngineView, cfg: DistillConfig, items: list[DistillItem], teacher: Teacher, mode: str,
           cache_root: Path | None) -> OpdWork:
     longest = max(max(len(i.prompt_ids), len(i.teacher_prompt_ids)) for i in items)
     max_new = min(cfg.max_new_tokens, cfg.max_seq_len - longest)
-    stop = set(getattr(engine.tokenizer, "eos_token_ids", None) or [])
+    stop = set(engine.tokenizer.eos_token_ids or [])
     cache = TeacherCache(cache_root, teacher.identity) if cache_root is not None else None
     return OpdWork(items, teacher, mode, cfg.top_k, max_new, cfg.temperature, cfg.seed, stop, cache)
 
@@ -112,7 +115,7 @@ def _stats(work: OpdWork, data: TrainingData) -> dict[str, Any]:
             "max_new_tokens": work.max_new_tokens, "mode": work.mode}
 
 
-def resolve_teacher(alias: str, teachers: Any, engine: Any, adapters: Any) -> Teacher:
+def resolve_teacher(alias: str, teachers: Any, engine: EngineView, adapters: Any) -> Teacher:
     """A registered local teacher, still what it was when registered; 400 unknown or remote, 409 changed."""
     if teachers is None:
         raise KilnError(503, "teacher_registry_unavailable", "the teacher registry is not available", param="teacher")
@@ -125,7 +128,7 @@ def resolve_teacher(alias: str, teachers: Any, engine: Any, adapters: Any) -> Te
     if record.get("kind") != "local":
         raise invalid(f"teacher {alias!r} is remote, and distillation from remote teachers is not supported yet",
                       param="teacher", hint="Register a local teacher (this base model, optionally with an adapter).")
-    mine = getattr(getattr(engine, "identity", None), "base_model_sha256", None)
+    mine = engine.identity.base_model_sha256 if engine.identity is not None else None
     if identity.get("base_model_sha256") and mine and identity["base_model_sha256"] != mine:
         raise KilnError(409, "teacher_changed", f"teacher {alias!r} was registered on other base weights "
                         "than this server serves", param="teacher", hint="Register the teacher again on this model.")
@@ -149,7 +152,7 @@ def resolve_teacher(alias: str, teachers: Any, engine: Any, adapters: Any) -> Te
     return Teacher({"alias": alias, **identity}, dict(loaded.modules), rank, scales.pop() * rank, modules)
 
 
-def plan_opd(req: OpdRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_opd(req: OpdRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
              job_id: str | None = None, teachers: Any = None) -> TrainingPlan:
     """Teacher log-probs are cached beside the registry, `<data_dir>/teachers/logprob_cache/`."""
     cfg = req.config
@@ -163,7 +166,7 @@ def plan_opd(req: OpdRequest, engine: Any, adapters: Any, datasets: Any, suites:
     return _plan("opd", cfg, work, data, adapters, stats, post_eval=post_eval, job_id=job_id)
 
 
-def plan_self_distill(req: SelfDistillRequest, engine: Any, adapters: Any, datasets: Any, suites: Any = None, *,
+def plan_self_distill(req: SelfDistillRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
                       job_id: str | None = None) -> TrainingPlan:
     cfg = req.config
     data = resolve_source("distill", req.prompts, req.dataset, req.dataset_split, req.dataset_path, datasets)
