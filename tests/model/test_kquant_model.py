@@ -16,12 +16,7 @@ from kiln.model.quant import holds_no_values
 
 from .test_decode_stack import _decode_run
 
-
-@pytest.fixture(autouse=True)
-def blocks_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tiny files would keep a dense copy beside their blocks (loader.DENSE_COPY_MAX_BYTES): hold
-    only the blocks, as a real-size model does."""
-    monkeypatch.setattr(loader, "DENSE_COPY_MAX_BYTES", 0)
+pytestmark = pytest.mark.usefixtures("blocks_only")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import torch
 from kiln.bench.synthetic_gguf import write_synthetic_gguf
 from kiln.engine.chat_template import ChatTemplate
 from kiln.engine.tokenizer import Tokenizer
-from kiln.model import loader
 from kiln.model.gguf_file import read_gguf_metadata
 from kiln.model.loader import load_model
 from kiln.model.quant import holds_no_values
@@ -27,11 +26,7 @@ FACTS = [("What is the capital of Zorbland?", "The capital of Zorbland is Quexto
          ("Name the capital of Zorbland.", "Quexton.")]
 
 
-@pytest.fixture(autouse=True)
-def blocks_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tiny files would keep a dense copy beside their blocks (loader.DENSE_COPY_MAX_BYTES): hold
-    only the blocks, as a real-size model does."""
-    monkeypatch.setattr(loader, "DENSE_COPY_MAX_BYTES", 0)
+pytestmark = pytest.mark.usefixtures("blocks_only")
 
 
 @pytest.fixture(scope="module")
