@@ -14,6 +14,7 @@ from kiln.api.errors import parse_model
 from kiln.data.judgments import JudgmentStore
 from kiln.errors import KilnError
 from kiln.store.clock import utc_now_rfc3339
+from kiln.testing.stand_in import StandInEngine
 from kiln.train.dpo import dpo_losses, sequence_logps
 from kiln.train.executor import JobContext, execute
 from kiln.train.jobs import TrainJob
@@ -31,7 +32,8 @@ PAIRS = [{"messages": [{"role": "user", "content": q}], "chosen": "Quillton.", "
 
 @pytest.fixture
 def env(tiny_model, tokenizer, qwen_template, tmp_path):
-    engine = SimpleNamespace(tokenizer=tokenizer, template=qwen_template, model=tiny_model, info=None, identity=None)
+    engine = StandInEngine(tokenizer=tokenizer, template=qwen_template, model=tiny_model,
+                           info=SimpleNamespace(config=tiny_model.config, served_model_id=None, path=None))
     return engine, AdapterStore(tmp_path / "adapters"), JudgmentStore(tmp_path / "judgments")
 
 
