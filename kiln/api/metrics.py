@@ -237,7 +237,7 @@ class _EngineCollector(Collector):
 
 def _grammar_metrics(engine: EngineView) -> Iterator[Any]:
     """Output grammars (kiln.engine.grammar): requests by kind, refusals by reason, compile and mask time."""
-    c = masks = engine.grammar_counters()
+    c = engine.grammar_counters()
     requests = CounterMetricFamily("kiln_structured_requests", "Requests with an output grammar, by kind.",
                                    labels=["kind"])
     for kind in KINDS:
@@ -253,12 +253,12 @@ def _grammar_metrics(engine: EngineView) -> Iterator[Any]:
     p50 = c.compile_p50_ms()
     yield _gauge("kiln_structured_compile_p50_seconds", "Median compile time of the last 1024 compiles.",
                  (p50 or 0.0) / 1000.0)
-    yield _counter("kiln_structured_mask_seconds", "Time spent computing grammar token masks.", masks.mask_seconds)
-    yield _counter("kiln_structured_mask_batches", "Steps that computed grammar masks (one call each).", masks.masks)
+    yield _counter("kiln_structured_mask_seconds", "Time spent computing grammar token masks.", c.mask_seconds)
+    yield _counter("kiln_structured_mask_batches", "Steps that computed grammar masks (one call each).", c.masks)
     yield _counter("kiln_structured_mask_rows", "Grammar token masks computed (one per constrained row and step).",
-                   masks.mask_rows)
+                   c.mask_rows)
     yield _counter("kiln_structured_failures", "Choices whose grammar failed mid-generation (finish_reason error).",
-                   masks.failures)
+                   c.failures)
 
 
 def _service_metrics(state: ServerState) -> Iterator[Any]:

@@ -98,12 +98,21 @@ class _WidenedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(weight)
-        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+        return _widened(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (weight,) = ctx.saved_tensors
         return grad @ weight.to(grad.dtype), None, None
+
+
+def _widened(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def _half_here(x: Tensor, weight: Tensor) -> bool:
+    """float32 activations on a CPU with dot products in the weight's dtype: the product runs on them."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and native_half(weight.dtype)
 
 
 def _half_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -140,23 +149,18 @@ def mixed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     trains_weight = weight.requires_grad or (bias is not None and bias.requires_grad)
     if trains_weight:
         # a trained weight: the cast is part of the graph
-        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
-    half = x.dtype == torch.float32 and x.device.type == "cpu" and native_half(weight.dtype)
+        return _widened(x, weight, bias)
     if torch.is_grad_enabled() and x.requires_grad:
-        return (_HalfProductLinear if half else _WidenedLinear).apply(x, weight, bias)
+        return (_HalfProductLinear if _half_here(x, weight) else _WidenedLinear).apply(x, weight, bias)
     # no autograd through x (inference, reference log-probs): the same values as the training forward
-    if half:
-        return _half_product(x, weight, bias)
-    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    return _product(x, weight, bias)
 
 
 def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """`mixed_linear`'s values for a frozen weight, without autograd."""
     if x.dtype == weight.dtype:
         return F.linear(x, weight, bias)
-    if x.dtype == torch.float32 and x.device.type == "cpu" and native_half(weight.dtype):
-        return _half_product(x, weight, bias)
-    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    return _half_product(x, weight, bias) if _half_here(x, weight) else _widened(x, weight, bias)
 
 
 def _input_grad(grad: Tensor, weight: Tensor) -> Tensor:
