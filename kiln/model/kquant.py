@@ -183,8 +183,9 @@ def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor
 # ---------------------------------------------------------------- records <-> tiles
 
 
-def tile(kind: str, in_features: int, rec: Tensor) -> PackedWeight:
-    """Row records `[N, S, gguf_bytes]` (uint8) as a tiled weight; rows past N are zero (d = 0)."""
+def tile(kind: str, in_features: int, rec: Tensor, float_act: bool = True) -> PackedWeight:
+    """Row records `[N, S, gguf_bytes]` (uint8) as a tiled weight; rows past N are zero (d = 0).
+    `float_act`: multiplied with float activations, else 8-bit ones."""
     f = FORMATS[kind]
     n, s, rb = rec.shape
     t = -(-n // TILE_ROWS)
@@ -194,7 +195,7 @@ def tile(kind: str, in_features: int, rec: Tensor) -> PackedWeight:
     x = rec.reshape(t, TILE_ROWS, s, rb).permute(0, 2, 1, 3).reshape(t, s, TILE_ROWS * rb)
     x = x[..., _permutation(kind)]
     qs, scales = x[..., : f.super_bytes].contiguous(), x[..., f.super_bytes:].contiguous()
-    return PackedWeight(kind, n, in_features, qs, scales, True)  # type: ignore[arg-type]
+    return PackedWeight(kind, n, in_features, qs, scales, float_act)  # type: ignore[arg-type]
 
 
 def records(p: PackedWeight) -> Tensor:
@@ -207,11 +208,11 @@ def records(p: PackedWeight) -> Tensor:
 
 def select_rows(p: PackedWeight, index: Tensor | Sequence[int]) -> PackedWeight:
     idx = torch.as_tensor(index, dtype=torch.long)
-    return tile(p.kind, p.in_features, records(p)[idx])
+    return tile(p.kind, p.in_features, records(p)[idx], p.float_act)
 
 
 def concat(parts: Sequence[PackedWeight]) -> PackedWeight:
-    return tile(parts[0].kind, parts[0].in_features, torch.cat([records(p) for p in parts]))
+    return tile(parts[0].kind, parts[0].in_features, torch.cat([records(p) for p in parts]), parts[0].float_act)
 
 
 def dequantize(p: PackedWeight) -> Tensor:

@@ -215,9 +215,8 @@ def load_model(
     if quantization in ("q8_0", "q4_1") and on_cpu:
         weights.packed = quantize_projections(weights.tensors, quantization)
     if weights.packed:
-        if quantization == "gguf-float":
-            for pw in weights.packed.values():
-                pw.float_act = True
+        for pw in weights.packed.values():
+            pw.float_act = quantization == "gguf-float"
         _tie_head(weights.packed, weights.config.tie_word_embeddings)
         model.attach_packed(weights.packed)
         weights.quantization = quantization

@@ -349,7 +349,7 @@ def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *,
     level = -1 if isa is None else kernels.ISA_LEVELS[isa]
     if packed.kind in K_KINDS:
         return module.qlinear_kquant(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
-                                     packed.in_features, bias, level)
+                                     packed.in_features, bias, level, False, packed.float_act)
     if packed.float_act:
         return module.qlinear_float(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
                                     packed.in_features, bias, level)

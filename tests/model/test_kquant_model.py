@@ -82,6 +82,29 @@ def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, 
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
 
 
+def test_with_8_bit_activations_the_stack_equals_the_layer_by_layer_path(each_isa, q4_k_m: Path,
+                                                                        monkeypatch) -> None:
+    model, weights = load_model(q4_k_m, quantization="gguf")
+    assert "its blocks as q4_k, 8-bit activations" in weights.served
+    assert "its blocks as q6_k, 8-bit activations" in weights.served
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch)
+    assert model._decode_stack not in (None, False), "the stack should have run"
+    layered, layered_cache = _decode_run(model, False, monkeypatch)
+    for a, b in zip(stacked, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
+def test_with_8_bit_activations_the_logits_stay_near_the_dequantized_models(q4_k_m: Path, monkeypatch) -> None:
+    served, _ = load_model(q4_k_m, quantization="gguf")
+    dense, _ = load_model(q4_k_m, dtype="float32", quantization="none")
+    a, _ = _decode_run(served, True, monkeypatch)
+    b, _ = _decode_run(dense, False, monkeypatch)
+    for x, y in zip(a, b, strict=True):
+        # int8 activations per group of 32 (llama.cpp's rounding): a few percent of the logits' range
+        assert (x.float() - y).abs().max() <= 0.05 * y.abs().max()
+
+
 def test_the_served_logits_are_the_dequantized_models(q4_k_m: Path, monkeypatch) -> None:
     served, _ = load_model(q4_k_m, quantization="gguf-float")
     dense, _ = load_model(q4_k_m, dtype="float32", quantization="none")

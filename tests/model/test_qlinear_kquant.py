@@ -1,6 +1,8 @@
-"""K-quant weights from their own blocks (kernels/qlinear_kquant.cpp, kiln/model/kquant.py): GGUF Q4_K,
-Q5_K and Q6_K blocks repacked into tiles of the same bytes, multiplied with float activations: the
-dequantized weight's product up to float32 rounding, the same bits on every ISA, for any batch."""
+"""K-quant weights from their own blocks (kernels/qlinear_kquant.cpp, qlinear_kquant_q8.cpp,
+kiln/model/kquant.py): GGUF Q4_K, Q5_K and Q6_K blocks repacked into tiles of the same bytes, multiplied
+with float activations (the dequantized weight's product up to float32 rounding) or with 8-bit ones
+(llama.cpp's arithmetic: the product with the activations quantized per group of 32), the same bits on
+every ISA, for any batch."""
 
 from __future__ import annotations
 
@@ -10,13 +12,20 @@ import torch
 from gguf.quants import dequantize
 
 from kiln.model import kernels, kquant, quant
-from kiln.model.quant import concat_packed, kernels_available, quant_linear
+from kiln.model.quant import concat_packed, kernels_available, quant_linear, quant_linear_reference
 from kiln.testing.kquant_blocks import BLOCK_BYTES, GGUF_TYPES, random_blocks
 
 from .test_quant import activations, same_with_one_and_two_threads
 
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason=f"kernels unavailable: {kernels.load_error()}")
 KINDS = ["q4_k", "q5_k", "q6_k"]
+ACTIVATIONS = ["float", "int8"]
+
+
+def packed(kind: str, n: int, k: int, activations: str = "float", seed: int = 0) -> quant.PackedWeight:
+    pw = kquant.pack_from_gguf(kind, random_blocks(kind, n, k, seed=seed), (n, k))
+    pw.float_act = activations == "float"
+    return pw
 
 
 def gguf_dense(kind: str, blocks: np.ndarray, n: int, k: int) -> torch.Tensor:
@@ -79,11 +88,25 @@ def test_the_result_is_the_dequantized_weights_product(kind: str, n: int, k: int
 
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("n", "k"), [(40, 1536), (33, 512)])
+def test_with_8_bit_activations_the_result_is_the_product_with_the_quantized_activations(kind: str, n: int,
+                                                                                          k: int) -> None:
+    pw = packed(kind, n, k, "int8")
+    x = activations(6, k)
+    want = quant_linear_reference(x.double(), pw).double()
+    got = quant_linear(x, pw)
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max() + 1e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("acts", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # one row (side-by-side tiles), 2 rows (tile pairs), 3-4 row blocks, then rests of 1-3 rows
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 11])
-def test_every_code_path_gives_identical_bits(kind: str, dtype: torch.dtype, m: int) -> None:
-    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 88, 512), (88, 512))
+def test_every_code_path_gives_identical_bits(kind: str, acts: str, dtype: torch.dtype, m: int) -> None:
+    pw = packed(kind, 88, 512, acts)
     x = activations(m, 512, dtype)
     bias = torch.randn(88)
     outputs = [quant_linear(x, pw, bias, isa=isa) for isa in supported_isas()]
@@ -95,8 +118,9 @@ def test_every_code_path_gives_identical_bits(kind: str, dtype: torch.dtype, m: 
 
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind: str) -> None:
-    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 100, 512), (100, 512))
+@pytest.mark.parametrize("acts", ACTIVATIONS)
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind: str, acts: str) -> None:
+    pw = packed(kind, 100, 512, acts)
     x = activations(9, 512)
     batched = quant_linear(x, pw)
     for i in range(9):
@@ -106,8 +130,9 @@ def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind: str) -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
-def test_more_threads_give_the_same_result(kind: str) -> None:
-    pw = kquant.pack_from_gguf(kind, random_blocks(kind, 1024, 512), (1024, 512))
+@pytest.mark.parametrize("acts", ACTIVATIONS)
+def test_more_threads_give_the_same_result(kind: str, acts: str) -> None:
+    pw = packed(kind, 1024, 512, acts)
     assert same_with_one_and_two_threads(pw, activations(6, 512))
 
 

@@ -101,7 +101,7 @@ struct Projection {
       return linear_bf16_coded(x, codes, scales, kind - 3, n, k, bias, -1, out_float);
     if (kind >= 2 && kind <= 4) return linear_bf16(x, qs, n, k, bias, -1, out_float);
     if (out_float) return (*this)(x.to(torch::kFloat32));
-    if (kind >= kKQuant) return qlinear_kquant(x, qs, scales, kind - kKQuant, n, k, bias, -1, false);
+    if (kind >= kKQuant) return qlinear_kquant(x, qs, scales, kind - kKQuant, n, k, bias, -1, false, float_act);
     if (float_act) return qlinear_float(x, qs, scales, kind, n, k, bias, -1, false);
     return qlinear(x, qs, scales, kind, n, k, bias, -1);
   }

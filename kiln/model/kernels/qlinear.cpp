@@ -879,6 +879,15 @@ void check_x(const torch::Tensor& x) {
 
 }  // namespace
 
+namespace kiln {
+
+void quantize_activation_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int8_t* xq, float* xd,
+                              float* xs) {
+  quantize_rows_shared(::resolve_isa(isa), x, bf16, M, K, (K + kGroup - 1) / kGroup, xq, xd, xs, nullptr);
+}
+
+}  // namespace kiln
+
 // x [M, K] float32|bfloat16 -> (int8 [M, G*32], scales [M, G], scale * group sums [M, G]).
 std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x, int64_t isa) {
   check_x(x);
@@ -1027,9 +1036,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias") = py::none(), py::arg("isa") = -1, py::arg("out_float") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("qlinear_kquant", &kiln::qlinear_kquant,
-        "y = x @ W^T (+ bias) for tiled Q4_K / Q5_K / Q6_K weights, float32 activations", py::arg("x"),
+        "y = x @ W^T (+ bias) for tiled Q4_K / Q5_K / Q6_K weights, float32 or 8-bit activations", py::arg("x"),
         py::arg("qs"), py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
-        py::arg("isa") = -1, py::arg("out_float") = false, py::call_guard<py::gil_scoped_release>());
+        py::arg("isa") = -1, py::arg("out_float") = false, py::arg("float_act") = true,
+        py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("best_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");

@@ -45,6 +45,12 @@ inline uint16_t float_to_bf16_bits(float f) {
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
                       int64_t n, int64_t k, const c10::optional<torch::Tensor>& bias, int64_t isa);
 
+// x [M, K] (float32, or bfloat16 bits with bf16) quantized per group of 32 exactly as qlinear quantizes
+// it: int8 xq [M, G*32], scale xd [M, G], xd * the group's int8 sum xs [M, G] (G = ceil(K / 32)); the rows
+// are shared out on the kernels' pool. isa: a resolved level (every level gives the same bytes).
+void quantize_activation_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int8_t* xq, float* xd,
+                              float* xs);
+
 // fn(ctx, c) for every c in [0, n) on the calling thread and the kernels' own pool (the one qlinear
 // uses): a decode step's kernels share one set of threads instead of waking OpenMP's as well, whose
 // spinning workers would compete with the pool's for the same cores.
