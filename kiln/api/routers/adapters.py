@@ -21,7 +21,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive
 
-from kiln.adapters.active import ActiveAdapter, model_spec_for
+from kiln.adapters.active import ActiveAdapter, model_spec_for, replace_adapter
 from kiln.adapters.archive import import_error
 from kiln.adapters.detail import adapter_detail_body
 from kiln.adapters.importing import import_lora_path
@@ -160,10 +160,24 @@ async def upload_adapter(request: Request) -> dict[str, Any]:
                             hint="Send multipart fields `name` (the new adapter's name) and `archive` (tar.gz).")
         if not isinstance(archive, UploadFile):
             raise import_error("the `archive` form field must be a file (tar.gz)")
-        info = await run_in_threadpool(store.extract_adapter_archive, archive.file, name)
+        replace = _replace_flag(form.get("replace"))
+        if replace:
+            info = await run_in_threadpool(replace_adapter, store, _active(request), archive.file, name,
+                                           model_spec_for(get_state(request).engine))
+        else:
+            info = await run_in_threadpool(store.extract_adapter_archive, archive.file, name)
     finally:
         await form.close()
-    return {"status": "uploaded", **info.to_dict()}
+    return {"status": "replaced" if replace else "uploaded", **info.to_dict()}
+
+
+def _replace_flag(value: object) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0", ""):
+        return value.strip().lower() in ("true", "1")
+    raise KilnError(400, "adapter_import_invalid", "The `replace` form field must be true or false.",
+                    param="replace", hint="Send replace=true to swap a stored adapter for the uploaded revision.")
 
 
 @router.delete("/v1/adapters/{name}")

@@ -101,4 +101,5 @@ async def unpublish_adapter(request: Request, name: str) -> JSONResponse:
 async def adapter_publications(request: Request, name: str) -> dict[str, Any]:
     state = get_state(request)
     state.services.adapter_store.path(name)
-    return {"adapter": name, "replicas": state.services.replicas.records.for_adapter(name)}
+    records = state.services.replicas.records
+    return {"adapter": name, "replicas": records.for_adapter(name), "failed_pushes": records.failures_for_adapter(name)}
