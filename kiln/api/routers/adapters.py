@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,6 +29,7 @@ from kiln.adapters.merge import merge_adapters
 from kiln.adapters.peft_format import RECEIPT_FILE
 from kiln.adapters.store import NAME_CODE, AdapterStore
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import no_request_body, request_body
 from kiln.api.state import get_state
 from kiln.errors import KilnError
 
@@ -77,6 +78,14 @@ class MergeSourceBody(_Body):
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+
+class UploadForm(BaseModel):
+    """POST /v1/adapters/upload's multipart fields (for the document: the handler reads the form)."""
+    name: str = Field(description="the adapter's name here")
+    archive: bytes = Field(description="tar.gz of a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors)")
+    replace: bool = Field(False, description="swap an adapter stored under `name` for this one, in one step, once "
+                          "it is stored and checked (any failure keeps the stored revision)")
 
 
 class MergeBody(_Body):
@@ -140,6 +149,7 @@ def _bounded_receive(receive: Receive, limit: int) -> Receive:
 
 
 @router.post("/v1/adapters/upload")
+@request_body(UploadForm, media="multipart/form-data")
 async def upload_adapter(request: Request) -> dict[str, Any]:
     store = _store(request)
     limit = store.limits.max_body_bytes + _MULTIPART_SLACK
@@ -197,6 +207,7 @@ async def delete_adapter(name: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/adapters/merge")
+@request_body(MergeBody)
 async def merge(request: Request) -> dict[str, Any]:
     prefix = "Invalid adapter merge: "
     body = parse_model(MergeBody, await read_json_body(request, code="adapter_merge_invalid", prefix=prefix),
@@ -214,6 +225,7 @@ async def _load(request: Request, name: str) -> dict[str, Any]:
 
 
 @router.post("/v1/adapters/load")
+@request_body(LoadBody)
 async def load_adapter(request: Request) -> dict[str, Any]:
     prefix = "Invalid adapter load request: "
     body = parse_model(LoadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
@@ -222,11 +234,13 @@ async def load_adapter(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/adapters/unload")
+@no_request_body
 async def unload_adapter(request: Request) -> dict[str, Any]:
     return await run_in_threadpool(_active(request).unload)
 
 
 @router.post("/v1/load_lora_adapter")
+@request_body(VllmLoadBody)
 async def vllm_load(request: Request) -> dict[str, Any]:
     """vLLM's route: {lora_name, lora_path}. A `lora_path` outside the adapter directory is imported into
     the store under `lora_name` when `server.allow_external_lora_paths` is on (off by default, as vLLM
@@ -240,6 +254,7 @@ async def vllm_load(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/unload_lora_adapter")
+@request_body(VllmUnloadBody, required=False)
 async def vllm_unload(request: Request) -> JSONResponse:
     raw = await request.body()
     body = VllmUnloadBody()
