@@ -118,18 +118,19 @@ class ActiveAdapter:
 
 
 def replace_adapter(store: AdapterStore, active: ActiveAdapter, fileobj: BinaryIO, name: str,
-                    model_spec: dict[str, Any] | None) -> AdapterInfo:
+                    model_spec: dict[str, Any] | None) -> tuple[AdapterInfo, bool]:
     """Upload with `replace`: the new revision is stored under `name` in one swap, only once it has been
     extracted, validated and (with a model) checked against the served model; until then, and on any
     failure, requests naming `name` get the revision stored before. The default adapter's record follows
-    the swap when `name` is the default."""
+    the swap when `name` is the default. Returns (info, whether an adapter was stored under `name` before)."""
 
     def fits(loaded: LoadedAdapter) -> None:
         if model_spec is not None:
             check_compatibility(loaded, model_spec).raise_if_incompatible()
 
+    existed = store.exists(name)
     info = store.extract_adapter_archive(fileobj, name, replace=True, check=fits)
     with active.lock:
         if active.name == name:
             active.load(name, model_spec)
-    return info
+    return info, existed

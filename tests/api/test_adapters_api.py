@@ -178,6 +178,8 @@ def test_upload_with_replace_swaps_in_the_new_revision(client, store):
     resp = replace(client, "a", tgz(adapter_files(store, "b")))
     assert resp.status_code == 200 and resp.json()["status"] == "replaced", resp.text
     assert store.content_hash("a") == store.content_hash("b") == resp.json()["content_sha256"]
+    fresh = replace(client, "new", tgz(adapter_files(store, "b")))
+    assert fresh.status_code == 200 and fresh.json()["status"] == "uploaded"  # nothing was there to replace
 
 
 def test_a_failed_replace_leaves_the_stored_revision_as_it_was(client, store):

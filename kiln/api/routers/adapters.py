@@ -170,15 +170,15 @@ async def upload_adapter(request: Request) -> dict[str, Any]:
                             hint="Send multipart fields `name` (the new adapter's name) and `archive` (tar.gz).")
         if not isinstance(archive, UploadFile):
             raise import_error("the `archive` form field must be a file (tar.gz)")
-        replace = _replace_flag(form.get("replace"))
-        if replace:
-            info = await run_in_threadpool(replace_adapter, store, _active(request), archive.file, name,
-                                           model_spec_for(get_state(request).engine))
+        replaced = False
+        if _replace_flag(form.get("replace")):
+            info, replaced = await run_in_threadpool(replace_adapter, store, _active(request), archive.file, name,
+                                                     model_spec_for(get_state(request).engine))
         else:
             info = await run_in_threadpool(store.extract_adapter_archive, archive.file, name)
     finally:
         await form.close()
-    return {"status": "replaced" if replace else "uploaded", **info.to_dict()}
+    return {"status": "replaced" if replaced else "uploaded", **info.to_dict()}
 
 
 def _replace_flag(value: object) -> bool:
