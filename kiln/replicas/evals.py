@@ -30,6 +30,7 @@ from kiln.store.names import name_problem
 
 LOCAL = "local"
 REMOTE_TIMEOUT_SECS = 300.0
+MAX_PENDING = 1024  # admitted jobs whose resolved replicas are held until they start
 
 
 def placement_root(data_dir: str | Path) -> Path:
@@ -79,6 +80,8 @@ class ReplicaFanOut:
         # ones its generator uses, whatever becomes of the registry meanwhile
         with self._lock:
             self._resolved[job.job_id] = specs
+            while len(self._resolved) > MAX_PENDING:  # admitted, then refused a place in the queue
+                del self._resolved[next(iter(self._resolved))]
         self._write_body(job.job_id, {"job_id": job.job_id, "replicas": [s.name for s in specs],
                                       "replica_list": [_archived(s) for s in specs], "examples": []})
         return [s.name for s in specs]
