@@ -16,10 +16,10 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from kiln.adapters.compat import CompatibilityReport, check_compatibility, model_spec_from_config
-from kiln.adapters.store import AdapterStore, LoadedAdapter
+from kiln.adapters.store import AdapterInfo, AdapterStore, LoadedAdapter
 from kiln.errors import KilnError
 from kiln.store.atomic import atomic_write_json
 
@@ -115,3 +115,22 @@ class ActiveAdapter:
             except Exception as e:
                 raise KilnError(500, code, f"{what} failed: {type(e).__name__}: {e}",
                                 param="name") from e
+
+
+def replace_adapter(store: AdapterStore, active: ActiveAdapter, fileobj: BinaryIO, name: str,
+                    model_spec: dict[str, Any] | None) -> tuple[AdapterInfo, bool]:
+    """Upload with `replace`: the new revision is stored under `name` in one swap, only once it has been
+    extracted, validated and (with a model) checked against the served model; until then, and on any
+    failure, requests naming `name` get the revision stored before. The default adapter's record follows
+    the swap when `name` is the default. Returns (info, whether an adapter was stored under `name` before)."""
+
+    def fits(loaded: LoadedAdapter) -> None:
+        if model_spec is not None:
+            check_compatibility(loaded, model_spec).raise_if_incompatible()
+
+    existed = store.exists(name)
+    info = store.extract_adapter_archive(fileobj, name, replace=True, check=fits)
+    with active.lock:
+        if active.name == name:
+            active.load(name, model_spec)
+    return info, existed

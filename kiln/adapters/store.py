@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -250,10 +250,16 @@ class AdapterStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     # -- archives ---------------------------------------------------------------------------------
-    def extract_adapter_archive(self, fileobj: BinaryIO, dest_name: str) -> AdapterInfo:
-        """Import an uploaded tar.gz (a top-level folder or flat files) as adapter `dest_name`."""
+    def extract_adapter_archive(self, fileobj: BinaryIO, dest_name: str, *, replace: bool = False,
+                                check: Callable[[LoadedAdapter], None] | None = None) -> AdapterInfo:
+        """Import an uploaded tar.gz (a top-level folder or flat files) as adapter `dest_name`.
+
+        With `replace` an adapter already stored under the name is swapped for the new one in one rename,
+        only after the new one is extracted, validated and has passed `check` (given the new adapter as
+        loaded): any failure before the swap leaves the stored revision exactly as it was.
+        """
         self.path(dest_name)
-        if self.exists(dest_name):
+        if not replace and self.exists(dest_name):
             raise _exists(dest_name)
         with self._staging() as staging:
             extracted = extract_tar_gz(fileobj, staging, self.limits)
@@ -268,7 +274,9 @@ class AdapterStore:
             lineage = old.get("lineage") if old else None
             atomic_write_json(adapter_root / MANIFEST_FILE,
                               build_manifest(dest_name, adapter_root, lineage if isinstance(lineage, dict) else None))
-            self._publish(adapter_root, dest_name, overwrite=False)
+            if check is not None:
+                check(_load_folder(adapter_root, dest_name))
+            self._publish(adapter_root, dest_name, overwrite=replace)
         return self.info(dest_name)
 
     def adapter_archive_bytes(self, name: str) -> Iterator[bytes]:
@@ -386,6 +394,15 @@ def _adapter_root(staging: Path) -> Path:
     if len(entries) == 1 and entries[0].is_dir():
         return entries[0]
     return staging
+
+
+def _load_folder(root: Path, name: str) -> LoadedAdapter:
+    """A staged (validated) adapter folder as `load_adapter` would load it once stored as `name`."""
+    config = parse_lora_config(json.loads((root / CONFIG_FILE).read_bytes()), code="adapter_import_invalid")
+    tensors = load_file(root / WEIGHTS_FILE)
+    modules = group_modules(tensors, config, code="adapter_import_invalid")
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
+    return LoadedAdapter(name, config, modules, compute_content_hash(root), ",".join(dtypes), len(tensors))
 
 
 def _validate_import(root: Path) -> None:

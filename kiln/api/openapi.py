@@ -6,6 +6,8 @@ copied into `components/schemas` at start-up, with its `$ref`s rewritten to poin
 contract route gets its request body and response schema by reference to those components. Nothing
 is hand-copied: the schema files are the one source, and `CONTRACT_OPERATIONS` only says which
 entrypoint belongs to which route (the contracts name entrypoints, semantics.md §1 names routes).
+Routes outside the contracts declare their body with `request_body(PydanticModel)` (or
+`no_request_body`) on the handler; their documented body is that wire model's JSON Schema.
 """
 
 from __future__ import annotations
@@ -195,13 +197,75 @@ def _wire_bodies() -> dict[tuple[str, str], Any]:
     return out
 
 
-def _apply_wire_body(operation: dict[str, Any], model: Any, components: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class RequestBody:
+    """What a route reads as its body, for the document only: handlers still read raw JSON themselves."""
+    model: Any = None                 # a Pydantic model; None: the route takes no body
+    media: str = "application/json"
+    required: bool = True
+
+
+_BODY_ATTR = "__kiln_request_body__"
+
+
+def request_body(model: Any, *, media: str = "application/json", required: bool = True):
+    """Mark a handler with the Pydantic wire model of its body (`required=False`: the body may be empty),
+    so /openapi.json and /docs show its fields. Put it below the route decorators."""
+    def mark(endpoint):
+        setattr(endpoint, _BODY_ATTR, RequestBody(model, media, required))
+        return endpoint
+    return mark
+
+
+def no_request_body(endpoint):
+    """Mark a handler that reads no body (documented as `x-kiln-bodiless`)."""
+    setattr(endpoint, _BODY_ATTR, RequestBody())
+    return endpoint
+
+
+def _add_component(components: dict[str, Any], name: str, schema: Any) -> None:
+    if name in components and components[name] != schema:
+        raise ValueError(f"two different schemas are named {name!r} in /openapi.json components")
+    components[name] = schema
+
+
+def _apply_wire_body(operation: dict[str, Any], model: Any, components: dict[str, Any], *,
+                     media: str = "application/json", required: bool = True) -> None:
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    components.update(schema.pop("$defs", {}))
-    components[model.__name__] = schema
-    operation["requestBody"] = {"required": True, "content": {"application/json": {
+    for name, definition in schema.pop("$defs", {}).items():
+        _add_component(components, name, definition)
+    _add_component(components, model.__name__, schema)
+    operation["requestBody"] = {"required": required, "content": {media: {
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
     operation.setdefault("responses", {})["4XX"] = _error_response("The request is invalid.")
+
+
+def _api_routes(routes: Any, prefix: str = "") -> Any:
+    """(full path, route) of every endpoint route, also inside routers that FastAPI keeps nested
+    (`_IncludedRouter` with the router it included and its prefix)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            context = getattr(route, "include_context", None)
+            yield from _api_routes(inner.routes, prefix + (getattr(context, "prefix", "") or ""))
+        elif hasattr(route, "endpoint") and hasattr(route, "path_format"):
+            yield prefix + route.path_format, route
+
+
+def _marked_bodies(app: FastAPI, paths: dict[str, Any], components: dict[str, Any]) -> None:
+    for path, route in _api_routes(app.routes):
+        body = getattr(route.endpoint, _BODY_ATTR, None)
+        if body is None or not getattr(route, "include_in_schema", False):
+            continue
+        for method in sorted(getattr(route, "methods", ())):
+            operation = paths.get(path, {}).get(method.lower())
+            if operation is None:
+                continue
+            if body.model is None:
+                operation.pop("requestBody", None)
+                operation["x-kiln-bodiless"] = True
+            else:
+                _apply_wire_body(operation, body.model, components, media=body.media, required=body.required)
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
@@ -218,6 +282,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         operation = paths.get(path, {}).get(method)
         if operation is not None:
             _apply_wire_body(operation, model, components)
+    _marked_bodies(app, paths, components)
     for path, item in paths.items():
         for operation in item.values():
             if isinstance(operation, dict) and "{" in path:

@@ -44,12 +44,15 @@ def _list(client: ServerClient, args) -> int:
         return 0
     from rich.table import Table
 
-    table = Table("name", "kind", "url", "state", "base model", "adapters", "problem")
+    table = Table("name", "kind", "url", "state", "base model", "serving (adapter@revision)", "failed pushes",
+                  "problem")
     for r in data["data"]:
         st = r["status"]
         adapters = ", ".join(f"{a}@{rec['revision'][7:19]}" for a, rec in r["published"].items())
+        failed = ", ".join(f"{a}@{rec['revision'][7:19]}: {rec['error']}"
+                           for a, rec in r.get("failed_pushes", {}).items())
         table.add_row(r["name"], r["kind"], r["url"], st["state"], ", ".join(st["base_models"]) or "-",
-                      adapters or "-", st.get("compatibility_problem") or st.get("error") or "")
+                      adapters or "-", failed or "-", st.get("compatibility_problem") or st.get("error") or "")
     table_console().print(table)
     return 0
 

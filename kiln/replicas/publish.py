@@ -3,8 +3,10 @@
 Every named replica is checked first (reachable, serving our base model, able to take adapters);
 one that fails the check refuses the whole request with 409 before anything is sent anywhere. Then
 each replica gets its push (kiln.replicas.push), retried with backoff; a replica's record changes only
-once its push is verified, so a failure leaves it on its previous record, and the answer lists, per
-replica, what happened, how many attempts it took and why it failed.
+once its push is verified. A push that fails leaves the replica serving its previous revision (the
+pushes never take the old one away first) and its record as it was; the failure is recorded beside it
+(kiln.replicas.records), and the answer lists, per replica, what happened, how many attempts it took,
+why it failed and which revision the replica serves now (`serving`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from kiln.replicas.push import (
     PushError,
     push_kiln,
     push_vllm,
+    serving_kiln,
+    serving_vllm,
     unpush_kiln,
     unpush_vllm,
     with_retries,
@@ -35,6 +39,18 @@ def _refused(problems: dict[str, str]) -> KilnError:
     listed = "; ".join(f"{name}: {why}" for name, why in problems.items())
     return KilnError(409, "replica_not_ready", f"Not published anywhere: {listed}", param="replicas",
                      hint="GET /v1/replicas shows each replica's status; fix or leave out the ones named.")
+
+
+def _serving(client: httpx.Client, spec: ReplicaSpec, name: str, previous: dict[str, Any] | None) -> str | None:
+    """After a failed push: the revision the replica serves now, as far as it says (a Kiln replica lists
+    digests; a vLLM one only names, so a listed name is taken to be the recorded revision). None: it
+    serves none, or cannot be asked."""
+    try:
+        if spec.kind == "kiln":
+            return serving_kiln(client, spec, name)
+        return (previous or {}).get("revision") if serving_vllm(client, spec, name) else None
+    except (PushError, httpx.HTTPError):
+        return None
 
 
 class Publisher:
@@ -69,20 +85,26 @@ class Publisher:
         specs = self.service.registry.select(replicas)
         self.preflight(specs)
         results = {}
+        records = self.service.records
         for spec in specs:
             attempts = Attempts()
             entry: dict[str, Any] = {"replica": spec.name, "kind": spec.kind}
-            try:
-                with httpx.Client(timeout=PUSH_TIMEOUT_SECS) as client:
+            previous = records.get(spec.name, adapter.name)
+            with httpx.Client(timeout=PUSH_TIMEOUT_SECS) as client:
+                try:
                     if spec.kind == "kiln":
                         action = self._retry(lambda c=client, s=spec: push_kiln(c, s, adapter, activate=activate),
                                              attempts)
                     else:
-                        action = self._retry(lambda c=client, s=spec: push_vllm(c, s, adapter), attempts)
-                record = self.service.records.set(spec.name, adapter.name, adapter.revision)
-                entry.update(status="published", action=action, **record)
-            except PushError as e:
-                entry.update(status="failed", error=str(e), previous=self.service.records.get(spec.name, adapter.name))
+                        before = previous["revision"] if previous else None
+                        action = self._retry(lambda c=client, s=spec, b=before: push_vllm(c, s, adapter, previous=b),
+                                             attempts)
+                    entry.update(status="published", action=action,
+                                 **records.set(spec.name, adapter.name, adapter.revision))
+                except PushError as e:
+                    records.fail(spec.name, adapter.name, adapter.revision, str(e), attempts.count)
+                    entry.update(status="failed", error=str(e), previous=previous,
+                                 serving=_serving(client, spec, adapter.name, previous))
             entry["attempts"] = attempts.count
             if attempts.errors and entry["status"] == "published":
                 entry["retried_errors"] = attempts.errors

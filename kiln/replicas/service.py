@@ -30,7 +30,8 @@ class ReplicaService:
     def view(self, spec: ReplicaSpec) -> dict[str, Any]:
         return {**spec.to_dict(), "source": self.registry.source(spec.name),
                 "status": self.health.status(spec.name).to_dict(),
-                "published": self.records.for_replica(spec.name)}
+                "published": self.records.for_replica(spec.name),
+                "failed_pushes": self.records.failures_for_replica(spec.name)}
 
     def list_view(self) -> dict[str, Any]:
         return {"object": "list", "data": [self.view(s) for s in self.registry.all()]}
@@ -47,6 +48,7 @@ class ReplicaService:
                             param="name", hint="POST /v1/adapters/{adapter}/unpublish first.")
         self.registry.remove(spec.name)
         self.health.forget(spec.name)
+        self.records.forget(spec.name)
         return {"status": "deleted", "name": name}
 
     def check(self, name: str) -> ReplicaStatus:

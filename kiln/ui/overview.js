@@ -4,7 +4,7 @@
 
 import { get, hasRoute, metric, parseMetrics } from "./api.js";
 import { lineChart } from "./charts.js";
-import { badge, card, clear, errorBox, fmtDuration, fmtNum, fmtPct, h, shortHash, stateBadge, table } from "./dom.js";
+import { badge, card, clear, errorBox, fmtDuration, fmtNum, fmtPct, fmtTime, h, shortHash, stateBadge, table } from "./dom.js";
 
 const HISTORY = 90; // samples kept for the throughput chart
 
@@ -36,6 +36,26 @@ function counter(m, name) {
   return metric(m, `${name}_total`) ?? metric(m, name);
 }
 
+const PUBLICATION_KIND = { current: "good", outdated: "warn", "push failed": "bad" };
+
+// One row per (replica, adapter) it serves or failed to take: the revision it serves, and whether that
+// is the revision stored here ("current"), an older one ("outdated"), or a newer one failed to arrive.
+export function publicationRows(replicas, stored) {
+  const here = Object.fromEntries(stored.map((a) => [a.name, a.content_sha256]));
+  const rows = [];
+  for (const r of replicas) {
+    const failed = r.failed_pushes || {};
+    const names = [...new Set([...Object.keys(r.published || {}), ...Object.keys(failed)])].sort();
+    for (const adapter of names) {
+      const rec = (r.published || {})[adapter];
+      const state = failed[adapter] ? "push failed" : rec && here[adapter] && rec.revision !== here[adapter] ? "outdated" : "current";
+      rows.push({ replica: r.name, adapter, revision: rec?.revision || null, publishedAt: rec?.published_at || null,
+        state, failed: failed[adapter] || null });
+    }
+  }
+  return rows;
+}
+
 export async function render(root, ctx) {
   const head = h("div", { id: "overview-head" });
   const tiles = h("div", { class: "tiles", id: "overview-tiles" });
@@ -43,16 +63,29 @@ export async function render(root, ctx) {
   const checks = h("div", { id: "overview-checks" });
   const err = h("div");
   const replicaBox = h("div", { id: "overview-replicas" });
+  const publicationBox = h("div", { id: "overview-publications" });
   root.append(err, card(null, head), tiles,
     card("Decode throughput", h("p", { class: "muted", id: "throughput-source" }, ""), chartBox), card("Health checks", checks));
 
   const hasDecodeStats = await hasRoute("/v1/stats/decode");
   if (await hasRoute("/v1/replicas")) {
     root.append(card("Replicas", h("p", { class: "muted small" },
-      "Other servers this one polls every 10 s, publishes adapters to and fans evals out over (kiln replicas add)."), replicaBox));
+      "Other servers this one polls every 10 s, publishes adapters to and fans evals out over (kiln replicas add)."), replicaBox),
+    card("Published adapters", h("p", { class: "muted small" },
+      "Which revision of each adapter every replica serves, as published from here (POST /v1/adapters/{name}/publish). " +
+      "A failed push leaves the replica on the revision shown."), publicationBox));
     ctx.every(5000, async () => {
-      const list = await get("/v1/replicas").catch(() => null);
+      const [list, stored] = await Promise.all([get("/v1/replicas").catch(() => null), get("/v1/adapters").catch(() => null)]);
       if (!list) return;
+      const rows = publicationRows(list.data, stored?.available || []);
+      clear(publicationBox, rows.length === 0 ? h("p", { class: "muted" }, "Nothing published to a replica yet.")
+        : table(["replica", "adapter", "serving", "published", "state"], rows.map((p) => h("tr", {},
+          h("td", {}, p.replica), h("td", {}, p.adapter),
+          h("td", { class: "small", title: p.revision || "" }, p.revision ? shortHash(p.revision) : "—"),
+          h("td", { class: "small" }, p.publishedAt ? fmtTime(p.publishedAt) : "—"),
+          h("td", { class: "small" }, badge(p.state, PUBLICATION_KIND[p.state] || ""),
+            p.failed ? h("span", { class: "muted", title: p.failed.error || "" },
+              ` ${shortHash(p.failed.revision)} failed after ${p.failed.attempts} attempt(s): ${p.failed.error || ""}`) : null)))));
       clear(replicaBox, table(["name", "kind", "url", "state", "base model", "adapters", "problem"],
         list.data.map((r) => h("tr", {}, h("td", {}, r.name), h("td", {}, r.kind), h("td", { class: "small" }, r.url),
           h("td", {}, stateBadge(r.status.state), " ", r.status.compatible === false ? badge("other base", "bad") : null),

@@ -169,6 +169,53 @@ def test_upload_over_an_existing_name_is_409(client, store):
     assert_error(upload(client, "a", tgz(adapter_files(store))), 409, "adapter_already_exists")
 
 
+def replace(client, name, blob, flag="true"):
+    return client.post("/v1/adapters/upload", data={"name": name, "replace": flag},
+                       files={"archive": ("x.tar.gz", blob, "application/gzip")})
+
+
+def test_upload_with_replace_swaps_in_the_new_revision(client, store):
+    resp = replace(client, "a", tgz(adapter_files(store, "b")))
+    assert resp.status_code == 200 and resp.json()["status"] == "replaced", resp.text
+    assert store.content_hash("a") == store.content_hash("b") == resp.json()["content_sha256"]
+    fresh = replace(client, "new", tgz(adapter_files(store, "b")))
+    assert fresh.status_code == 200 and fresh.json()["status"] == "uploaded"  # nothing was there to replace
+
+
+def test_a_failed_replace_leaves_the_stored_revision_as_it_was(client, store):
+    before = store.content_hash("a")
+    broken = adapter_files(store, "b") | {"adapter_model.safetensors": b"not safetensors"}
+    assert_error(replace(client, "a", tgz(broken)), 400, "adapter_import_invalid")
+    assert store.content_hash("a") == before and store.names() == ["a", "b"]
+
+
+def test_a_replace_that_does_not_fit_the_served_model_leaves_the_old_revision(client, state, store, tmp_path):
+    state.engine = StandInEngine(info=SimpleNamespace(config=TINY))
+    client.post("/v1/adapters/load", json={"name": "a"})
+    other = AdapterStore(tmp_path / "other")
+    big = SimpleNamespace(**dict(vars(TINY), hidden_size=32, head_dim=8))
+    from kiln.adapters.compat import model_spec_from_config
+    from tests.adapters.helpers import random_factors
+
+    other.save_adapter("wide", random_factors(4, modules=["q_proj"], spec=model_spec_from_config(big)),
+                       {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "peft_type": "LORA"})
+    before = store.content_hash("a")
+    assert_error(replace(client, "a", tgz(adapter_files(other, "wide"))), 400, "adapter_layout_invalid")
+    assert store.content_hash("a") == before and client.get("/v1/adapters").json()["active"] == "a"
+
+
+def test_replacing_the_active_adapter_keeps_it_active_at_the_new_revision(client, state, store):
+    client.post("/v1/adapters/load", json={"name": "a"})
+    assert replace(client, "a", tgz(adapter_files(store, "b"))).status_code == 200
+    active = state.services.adapters_active
+    assert active.name == "a" and active.revision == store.content_hash("b")
+
+
+def test_replace_must_be_true_or_false(client, store):
+    assert_error(replace(client, "a", tgz(adapter_files(store, "b")), "maybe"), 400, "adapter_import_invalid")
+    assert_error(replace(client, "a", tgz(adapter_files(store, "b")), "false"), 409, "adapter_already_exists")
+
+
 def test_delete_removes_an_adapter(client, store):
     assert client.delete("/v1/adapters/b").json() == {"status": "deleted", "name": "b"}
     assert store.names() == ["a"]

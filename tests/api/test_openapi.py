@@ -92,3 +92,48 @@ def test_swagger_ui_loads_nothing_from_another_host(tmp_path):
     assert {a.rsplit("/", 1)[1] for a in assets} >= {"swagger-ui-bundle.js", "swagger-ui.css"}
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+def _resolved(doc, schema):
+    while isinstance(schema, dict) and "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def test_every_v1_post_and_put_documents_its_body_fields_or_says_it_has_none(doc):
+    seen = 0
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method not in ("post", "put") or not path.startswith("/v1/"):
+                continue
+            seen += 1
+            if operation.get("x-kiln-bodiless"):
+                assert "requestBody" not in operation, (method, path)
+                continue
+            assert "requestBody" in operation, f"{method.upper()} {path} documents no body"
+            for media, content in operation["requestBody"]["content"].items():
+                schema = _resolved(doc, content.get("schema"))
+                assert schema and schema.get("properties"), f"{method.upper()} {path} ({media}): {schema}"
+    assert seen >= 40  # every router is mounted: the walk saw them all
+
+
+def test_bodiless_routes_are_the_ones_that_read_no_body(doc):
+    bodiless = {(m, p) for p, item in doc["paths"].items() for m, op in item.items() if op.get("x-kiln-bodiless")}
+    assert bodiless == {("post", "/v1/adapters/unload"), ("post", "/v1/replicas/{name}/check"),
+                        ("post", "/v1/train/jobs/{job_id}/resume")}
+
+
+def test_new_routes_show_their_wire_models(doc):
+    def fields(method, path, media="application/json"):
+        body = doc["paths"][path][method]["requestBody"]
+        return set(_resolved(doc, body["content"][media]["schema"])["properties"]), body["required"]
+
+    from kiln.replicas.spec import FIELDS
+
+    assert fields("post", "/v1/replicas") == (set(FIELDS), True)
+    assert fields("post", "/v1/adapters/{name}/publish") == ({"replicas", "activate"}, True)
+    assert fields("post", "/v1/adapters/{name}/unpublish") == ({"replicas"}, False)
+    assert fields("post", "/v1/adapters/upload", "multipart/form-data") == ({"name", "archive", "replace"}, True)
+    assert {"examples", "config", "post_eval"} <= fields("post", "/v1/train/sft")[0]
+    assert fields("post", "/v1/train/hf/peft/imports/{name}") == ({"path"}, True)
+    assert "name" in fields("post", "/v1/train/hf/dpo/exports")[0] and "config" in fields("post", "/v1/train/opd")[0]

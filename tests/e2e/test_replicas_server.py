@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from kiln.testing.schemas import validate
+from tests.replicas.http_stand_ins import FaultProxy
 
 from .conftest import start_server, stop_server
 from .test_adapters_server import _peft_archive
@@ -151,6 +152,57 @@ def test_unpublish_takes_the_adapter_back(fleet):
     assert listing.returncode == 0 and "r2" in listing.stdout and ADAPTER in listing.stdout, listing.stderr
 
 
+def test_a_failed_re_publish_leaves_the_replica_serving_its_previous_revision(fleet, tiny_model_dir, tmp_path):
+    """A real Kiln replica behind a proxy that refuses the new revision's upload (503, each retry): the
+    replica keeps answering with the revision it had, and the records say so and that the push failed."""
+    coordinator, replicas = fleet
+    name = "fleet-z"
+
+    def store_here(seed: int) -> None:
+        data = _peft_archive(tiny_model_dir, tmp_path, f"{name}-{seed}", ["q_proj", "v_proj", "down_proj"], seed)
+        r = httpx.post(coordinator.url + "/v1/adapters/upload", data={"name": name}, timeout=60,
+                       files={"archive": (f"{name}.tar.gz", data, "application/gzip")})
+        assert r.status_code == 200, r.text
+
+    proxy = FaultProxy(replicas[0].url)
+    try:
+        store_here(3)
+        r = httpx.post(coordinator.url + "/v1/replicas", json={"name": "flaky", "url": proxy.url}, timeout=30)
+        assert r.status_code == 200 and r.json()["status"]["compatible"] is True, r.text
+        r = httpx.post(f"{coordinator.url}/v1/adapters/{name}/publish", json={"replicas": ["flaky"]}, timeout=120)
+        assert r.status_code == 200, r.text
+        first = r.json()["revision"]
+        old_answer = _chat(replicas[0].url, name)
+        assert old_answer == _chat(coordinator.url, name)
+
+        assert httpx.delete(f"{coordinator.url}/v1/adapters/{name}").status_code == 200
+        store_here(4)  # a new revision under the same name
+        new_answer = _chat(coordinator.url, name)
+        assert new_answer != old_answer
+        proxy.fail = lambda method, path: 503 if (method, path) == ("POST", "/v1/adapters/upload") else None
+        r = httpx.post(f"{coordinator.url}/v1/adapters/{name}/publish", json={"replicas": ["flaky"]}, timeout=120)
+        assert r.status_code == 502, r.text
+        second, entry = r.json()["revision"], r.json()["replicas"]["flaky"]
+        assert second != first and entry["status"] == "failed" and entry["attempts"] == 3
+        assert len(proxy.refused) == 3 and "503" in entry["error"]
+        assert entry["previous"]["revision"] == first and entry["serving"] == first
+        assert _chat(replicas[0].url, name) == old_answer  # the old revision still answers
+        pubs = httpx.get(f"{coordinator.url}/v1/adapters/{name}/publications").json()
+        assert pubs["replicas"]["flaky"]["revision"] == first
+        assert pubs["failed_pushes"]["flaky"]["revision"] == second
+
+        proxy.fail = lambda method, path: None
+        r = httpx.post(f"{coordinator.url}/v1/adapters/{name}/publish", json={"replicas": ["flaky"]}, timeout=120)
+        assert r.status_code == 200 and r.json()["replicas"]["flaky"]["action"] == "replaced", r.text
+        assert _chat(replicas[0].url, name) == new_answer
+        pubs = httpx.get(f"{coordinator.url}/v1/adapters/{name}/publications").json()
+        assert pubs["replicas"]["flaky"]["revision"] == second and pubs["failed_pushes"] == {}
+    finally:
+        httpx.post(f"{coordinator.url}/v1/adapters/{name}/unpublish", json={"replicas": ["flaky"]}, timeout=120)
+        httpx.delete(coordinator.url + "/v1/replicas/flaky")
+        proxy.close()
+
+
 def test_a_replica_serving_other_base_weights_is_refused(fleet, tmp_path):
     from kiln.testing.tiny import make_tiny_model
 
@@ -250,6 +302,8 @@ def test_a_fanned_out_eval_scores_as_a_local_run_and_its_placement_is_recorded(f
     assert scores(results["3 replicas"]) == scores(results["local"]) == scores(results["1 replica"])
     placement = httpx.get(f"{coordinator.url}/v1/eval/jobs/{results['3 replicas']['job_id']}/placement").json()
     assert placement["replicas"] == ["r0", "r1", "r2"] and len(placement["examples"]) == 24
+    assert placement["replica_list"] == [{"name": f"r{i}", "url": rep.url, "kind": "kiln", "max_concurrency": 4}
+                                         for i, rep in enumerate(fleet[1])]
     used = {e["target"] for e in placement["examples"]}
     assert used == {"local", "r0", "r1", "r2"}, placement
     print("eval wall time, 24 examples x 24 tokens:", {k: round(v, 2) for k, v in times.items()})

@@ -137,6 +137,37 @@ def test_root_opens_the_overview_with_the_model_id(server, browser):
     shoot(browser, "overview", "#model-id")
 
 
+def test_overview_shows_which_revision_each_replica_serves_and_failed_pushes(server, browser, tiny_model_dir,
+                                                                             tmp_path):
+    from tests.replicas.http_stand_ins import FakeVllm
+
+    replica, shared, other = FakeVllm(base="tiny"), tmp_path / "loras", "tone-next"
+    shared.mkdir()
+    data = _peft_archive(tiny_model_dir, tmp_path, other, ["q_proj"], seed=5)
+    api(server, "POST", "/v1/adapters/upload", data={"name": other},
+        files={"archive": (f"{other}.tar.gz", data, "application/gzip")})
+    try:
+        api(server, "POST", "/v1/replicas", json={"name": "gpu-ui", "url": replica.url, "kind": "vllm",
+                                                  "lora_dir": str(shared)})
+        revision = api(server, "POST", f"/v1/adapters/{ADAPTER}/publish", json={"replicas": ["gpu-ui"]})["revision"]
+        replica.refuse = lambda name, path: 400  # the next adapter does not arrive
+        r = httpx.post(f"{server.url}/v1/adapters/{other}/publish", json={"replicas": ["gpu-ui"]}, timeout=60)
+        assert r.status_code == 502, r.text
+        open_page(browser, server, "overview", "#model-id")
+        text = lambda d: css(browser, "#overview-publications").text  # noqa: E731
+        wait(browser, lambda d: "gpu-ui" in text(d) and "push failed" in text(d), what="publications table")
+        shown = text(None)
+        assert ADAPTER in shown and revision.removeprefix("sha256:")[:12] in shown and "current" in shown
+        assert other in shown and "HTTP 400" in shown
+        shoot(browser, "overview-publications", "#model-id")
+    finally:
+        for name in (ADAPTER, other):
+            httpx.post(f"{server.url}/v1/adapters/{name}/unpublish", json={"replicas": ["gpu-ui"]}, timeout=60)
+        httpx.delete(f"{server.url}/v1/replicas/gpu-ui", timeout=30)
+        httpx.delete(f"{server.url}/v1/adapters/{other}", timeout=30)
+        replica.close()
+
+
 # ---- playground -------------------------------------------------------------------------------------
 
 def greedy_settings(browser: Browser, max_tokens: int = 12) -> None:

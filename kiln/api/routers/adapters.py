@@ -15,13 +15,13 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive
 
-from kiln.adapters.active import ActiveAdapter, model_spec_for
+from kiln.adapters.active import ActiveAdapter, model_spec_for, replace_adapter
 from kiln.adapters.archive import import_error
 from kiln.adapters.detail import adapter_detail_body
 from kiln.adapters.importing import import_lora_path
@@ -29,6 +29,7 @@ from kiln.adapters.merge import merge_adapters
 from kiln.adapters.peft_format import RECEIPT_FILE
 from kiln.adapters.store import NAME_CODE, AdapterStore
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import no_request_body, request_body
 from kiln.api.state import get_state
 from kiln.errors import KilnError
 
@@ -77,6 +78,14 @@ class MergeSourceBody(_Body):
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+
+class UploadForm(BaseModel):
+    """POST /v1/adapters/upload's multipart fields (for the document: the handler reads the form)."""
+    name: str = Field(description="the adapter's name here")
+    archive: bytes = Field(description="tar.gz of a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors)")
+    replace: bool = Field(False, description="swap an adapter stored under `name` for this one, in one step, once "
+                          "it is stored and checked (any failure keeps the stored revision)")
 
 
 class MergeBody(_Body):
@@ -140,6 +149,7 @@ def _bounded_receive(receive: Receive, limit: int) -> Receive:
 
 
 @router.post("/v1/adapters/upload")
+@request_body(UploadForm, media="multipart/form-data")
 async def upload_adapter(request: Request) -> dict[str, Any]:
     store = _store(request)
     limit = store.limits.max_body_bytes + _MULTIPART_SLACK
@@ -160,10 +170,24 @@ async def upload_adapter(request: Request) -> dict[str, Any]:
                             hint="Send multipart fields `name` (the new adapter's name) and `archive` (tar.gz).")
         if not isinstance(archive, UploadFile):
             raise import_error("the `archive` form field must be a file (tar.gz)")
-        info = await run_in_threadpool(store.extract_adapter_archive, archive.file, name)
+        replaced = False
+        if _replace_flag(form.get("replace")):
+            info, replaced = await run_in_threadpool(replace_adapter, store, _active(request), archive.file, name,
+                                                     model_spec_for(get_state(request).engine))
+        else:
+            info = await run_in_threadpool(store.extract_adapter_archive, archive.file, name)
     finally:
         await form.close()
-    return {"status": "uploaded", **info.to_dict()}
+    return {"status": "replaced" if replaced else "uploaded", **info.to_dict()}
+
+
+def _replace_flag(value: object) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0", ""):
+        return value.strip().lower() in ("true", "1")
+    raise KilnError(400, "adapter_import_invalid", "The `replace` form field must be true or false.",
+                    param="replace", hint="Send replace=true to swap a stored adapter for the uploaded revision.")
 
 
 @router.delete("/v1/adapters/{name}")
@@ -183,6 +207,7 @@ async def delete_adapter(name: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/adapters/merge")
+@request_body(MergeBody)
 async def merge(request: Request) -> dict[str, Any]:
     prefix = "Invalid adapter merge: "
     body = parse_model(MergeBody, await read_json_body(request, code="adapter_merge_invalid", prefix=prefix),
@@ -200,6 +225,7 @@ async def _load(request: Request, name: str) -> dict[str, Any]:
 
 
 @router.post("/v1/adapters/load")
+@request_body(LoadBody)
 async def load_adapter(request: Request) -> dict[str, Any]:
     prefix = "Invalid adapter load request: "
     body = parse_model(LoadBody, await read_json_body(request, code=NAME_CODE, prefix=prefix),
@@ -208,11 +234,13 @@ async def load_adapter(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/adapters/unload")
+@no_request_body
 async def unload_adapter(request: Request) -> dict[str, Any]:
     return await run_in_threadpool(_active(request).unload)
 
 
 @router.post("/v1/load_lora_adapter")
+@request_body(VllmLoadBody)
 async def vllm_load(request: Request) -> dict[str, Any]:
     """vLLM's route: {lora_name, lora_path}. A `lora_path` outside the adapter directory is imported into
     the store under `lora_name` when `server.allow_external_lora_paths` is on (off by default, as vLLM
@@ -226,6 +254,7 @@ async def vllm_load(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/unload_lora_adapter")
+@request_body(VllmUnloadBody, required=False)
 async def vllm_unload(request: Request) -> JSONResponse:
     raw = await request.body()
     body = VllmUnloadBody()

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import request_body
 from kiln.api.state import ServerState, get_state
 from kiln.errors import KilnError
 from kiln.traffic.conversations import served_conversation
@@ -96,6 +97,7 @@ def _served(state: ServerState, request_id: str, prompt_index: int | None) -> tu
 
 
 @router.post("/v1/corrections")
+@request_body(CorrectionRequest)
 async def add_correction(request: Request) -> JSONResponse:
     state = get_state(request)
     req = parse_model(CorrectionRequest, await read_json_body(request, code=CODE, prefix=PREFIX),
@@ -132,6 +134,7 @@ async def export_corrections(request: Request) -> Response:
 
 
 @router.post("/v1/corrections/export")
+@request_body(ExportRequest)
 async def export_to_dataset(request: Request) -> JSONResponse:
     state = get_state(request)
     req = parse_model(ExportRequest, await read_json_body(request, code=CODE, prefix=PREFIX), code=CODE,
@@ -157,6 +160,7 @@ async def delete_correction(request: Request, correction_id: str) -> JSONRespons
 
 
 @router.post("/v1/corrections/train")
+@request_body(TrainCorrectionsRequest)
 async def train_corrections(request: Request) -> JSONResponse:
     state = get_state(request)
     body = parse_model(TrainCorrectionsRequest, await read_json_body(request, code=TRAIN_CODE, prefix=TRAIN_PREFIX),

@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln.adapters.export import base_model_reference
 from kiln.adapters.importing import import_adapter_folder
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import request_body
 from kiln.api.state import ServerState, get_state
 from kiln.data.formats import sft_problem
 from kiln.errors import KilnError
@@ -138,6 +139,7 @@ def _export(state: ServerState, body: SftExportBody | DpoExportBody) -> dict[str
 
 
 @router.post("/v1/train/hf/sft/exports")
+@request_body(SftExportBody)
 async def export_sft(request: Request) -> dict[str, Any]:
     body = parse_model(SftExportBody, await read_json_body(request, code=CODE, prefix=PREFIX), code=CODE,
                        prefix=PREFIX)
@@ -145,6 +147,7 @@ async def export_sft(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/train/hf/dpo/exports")
+@request_body(DpoExportBody)
 async def export_dpo(request: Request) -> dict[str, Any]:
     body = parse_model(DpoExportBody, await read_json_body(request, code=CODE, prefix=PREFIX), code=CODE,
                        prefix=PREFIX)
@@ -175,6 +178,7 @@ def _import(state: ServerState, name: str, path: str) -> dict[str, Any]:
 
 
 @router.post("/v1/train/hf/peft/imports/{name}")
+@request_body(PeftImportBody)
 async def import_peft(request: Request, name: str) -> dict[str, Any]:
     body = parse_model(PeftImportBody, await read_json_body(request, code=CODE, prefix=PREFIX), code=CODE,
                        prefix=PREFIX)

@@ -12,16 +12,31 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import no_request_body, request_body
 from kiln.api.state import get_state
 from kiln.replicas.publish import Publisher
 from kiln.replicas.service import ReplicaService
 from kiln.replicas.wiring import stored_adapter
 
 router = APIRouter(tags=["replicas"])
+
+
+class ReplicaBody(BaseModel):
+    """A replica as POST /v1/replicas takes it (for the document: kiln.replicas.spec.parse_replica validates,
+    with a 400 naming the bad field)."""
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    url: str = Field(description="the server's root (a trailing /v1 is dropped)")
+    kind: Literal["kiln", "vllm", "openai"] = "kiln"
+    api_key_env: str | None = Field(None, description="the environment variable holding its API key")
+    max_concurrency: int = Field(8, ge=1, le=4096, description="requests in flight to it at once (eval fan-out)")
+    base_model: str | None = Field(None, description="the id it serves our base model under (default: ours)")
+    lora_dir: str | None = Field(None, description="vLLM: the folder adapters are written into for it")
+    lora_dir_remote: str | None = Field(None, description="vLLM: lora_dir as the replica's process sees it")
 
 
 class PublishBody(BaseModel):
@@ -47,6 +62,7 @@ async def list_replicas(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/replicas")
+@request_body(ReplicaBody)
 async def add_replica(request: Request) -> dict[str, Any]:
     body = await read_json_body(request, code="replica_invalid", prefix="Invalid replica: ")
     return await run_in_threadpool(_service(request).add, body)
@@ -59,6 +75,7 @@ async def get_replica(request: Request, name: str) -> dict[str, Any]:
 
 
 @router.post("/v1/replicas/{name}/check")
+@no_request_body
 async def check_replica(request: Request, name: str) -> dict[str, Any]:
     service = _service(request)
     await run_in_threadpool(service.check, name)
@@ -76,6 +93,7 @@ _PUBLISH = {"code": "publish_invalid", "prefix": "Invalid publish request: "}
 
 
 @router.post("/v1/adapters/{name}/publish")
+@request_body(PublishBody)
 async def publish_adapter(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     body = parse_model(PublishBody, await read_json_body(request, **_PUBLISH), **_PUBLISH)
@@ -87,6 +105,7 @@ async def publish_adapter(request: Request, name: str) -> JSONResponse:
 
 
 @router.post("/v1/adapters/{name}/unpublish")
+@request_body(UnpublishBody, required=False)
 async def unpublish_adapter(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     raw = await request.body()
@@ -101,4 +120,5 @@ async def unpublish_adapter(request: Request, name: str) -> JSONResponse:
 async def adapter_publications(request: Request, name: str) -> dict[str, Any]:
     state = get_state(request)
     state.services.adapter_store.path(name)
-    return {"adapter": name, "replicas": state.services.replicas.records.for_adapter(name)}
+    records = state.services.replicas.records
+    return {"adapter": name, "replicas": records.for_adapter(name), "failed_pushes": records.failures_for_adapter(name)}

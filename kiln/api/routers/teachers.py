@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import request_body
 from kiln.api.state import get_state
 from kiln.train.teachers import CODE, TeacherRequest, register
 
@@ -24,6 +25,7 @@ def list_teachers(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/teachers")
+@request_body(TeacherRequest)
 async def register_teacher(request: Request) -> dict[str, Any]:
     state = get_state(request)
     body = parse_model(TeacherRequest, await read_json_body(request, code=CODE, prefix="Invalid teacher: "),

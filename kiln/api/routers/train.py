@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from kiln.api.errors import parse_model, read_json_body
+from kiln.api.openapi import no_request_body, request_body
 from kiln.api.state import get_state
 from kiln.train.distill_plan import plan_opd, plan_self_distill
 from kiln.train.errors import CODE, PREFIX
@@ -54,32 +55,38 @@ async def _submit(request: Request, model: type[BaseModel], planner) -> JSONResp
 
 
 @router.post("/v1/train/sft")
+@request_body(SftRequest)
 async def train_sft(request: Request) -> JSONResponse:
     return await _submit(request, SftRequest, plan_sft)
 
 
 @router.post("/v1/train/grpo")
 @router.post("/v1/training/grpo", include_in_schema=False)
+@request_body(GrpoRequest)
 async def train_grpo(request: Request) -> JSONResponse:
     return await _submit(request, GrpoRequest, plan_grpo)
 
 
 @router.post("/v1/train/dpo")
+@request_body(DpoRequest)
 async def train_dpo(request: Request) -> JSONResponse:
     return await _submit(request, DpoRequest, partial(plan_dpo, judgments=get_state(request).services.judgments))
 
 
 @router.post("/v1/train/opd")
+@request_body(OpdRequest)
 async def train_opd(request: Request) -> JSONResponse:
     return await _submit(request, OpdRequest, partial(plan_opd, teachers=get_state(request).services.teachers))
 
 
 @router.post("/v1/distill/self")
+@request_body(SelfDistillRequest)
 async def distill_self(request: Request) -> JSONResponse:
     return await _submit(request, SelfDistillRequest, plan_self_distill)
 
 
 @router.post("/v1/train/jobs/{job_id}/resume")
+@no_request_body
 async def resume(request: Request, job_id: str) -> JSONResponse:
     state = get_state(request)
     return JSONResponse(await resume_training(_manager(request), job_id, state.require_engine(),
