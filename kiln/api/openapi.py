@@ -162,9 +162,21 @@ def _error_response(description: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}}}}
 
 
+# A request that works against any served model, shown by /docs' "Try it out" and sent first by fuzzers
+# (their explicit phase), so a run always serves at least one real body per inference route.
+REQUEST_EXAMPLES: dict[str, dict[str, Any]] = {
+    "ChatCompletionRequest": {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8},
+    "TextCompletionRequest": {"prompt": "Once upon a time", "max_tokens": 8, "prompt_logprobs": 0},
+    "BatchCompletionRequest": {"prompts": [[{"role": "user", "content": "Say hello."}]], "max_tokens": 8},
+}
+
+
 def _apply(operation: dict[str, Any], op: ContractOperation) -> None:
     if op.request is not None:
-        operation["requestBody"] = {"required": True, "content": {op.request_media: {"schema": _ref(op.file, op.request)}}}
+        media: dict[str, Any] = {"schema": _ref(op.file, op.request)}
+        if op.request in REQUEST_EXAMPLES:
+            media["example"] = REQUEST_EXAMPLES[op.request]
+        operation["requestBody"] = {"required": True, "content": {op.request_media: media}}
     responses: dict[str, Any] = {}
     if op.response is not None:
         content: dict[str, Any] = {"application/json": {"schema": _ref(op.file, op.response)}}

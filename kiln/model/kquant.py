@@ -18,6 +18,7 @@ Row records (per superblock; q = the 256 integer codes, group j = codes 32j..32j
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,9 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kiln.model import kernels
 from kiln.model.quant import TILE_ROWS, GGUFData, PackedWeight
 
 SUPER = 256
+_KIND_IDS = {"q4_k": 0, "q5_k": 1, "q6_k": 2}
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,18 @@ def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor
     """GGUF K-quant blocks of a `[N, K]` tensor as a tiled weight (float activations); `rows`: the output
     rows to keep, in order (llama.cpp's Q/K permutation undone), else all."""
     blocks, n, k = _gguf_rows(kind, data, shape)
+    module = kernels.load() if kernels.enabled() else None
+    if module is not None:
+        # one pass over the file's bytes in C++ (the numpy records and gather below took ~20 s of a 1B
+        # model's load); the blocks are read, never written, so a read-only mapping is fine
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            src = torch.from_numpy(blocks)
+        keep = None if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        count = n if keep is None else int(keep.numel())
+        qs, scales = module.kquant_tiles_from_gguf(src, _KIND_IDS[kind], count, k, keep, _permutation(kind),
+                                                   FORMATS[kind].super_bytes)
+        return PackedWeight(kind, count, k, qs, scales, True)  # type: ignore[arg-type]
     rec = torch.from_numpy(_records(kind, blocks)).view(n, k // SUPER, -1)
     if rows is not None:
         rec = rec[torch.as_tensor(rows, dtype=torch.long)]

@@ -156,3 +156,15 @@ def test_without_the_kernels_torch_multiplies_the_dequantized_weight(kind: str, 
         monkeypatch.delenv(quant.DISABLE_ENV)
         quant.refresh_from_env()
     assert torch.allclose(got, x @ gguf_dense(kind, blocks, 24, 512).T, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [None, [36, 0, 17, 5, 36, 2, 9, 1, 3, 4, 6, 7, 8, 10, 11, 12, 13, 14]])
+def test_the_load_time_packer_writes_the_same_tiles_as_the_reference_path(kind: str, rows: list[int] | None) -> None:
+    blocks = random_blocks(kind, 37, 512, seed=5)
+    got = kquant.pack_from_gguf(kind, blocks, (37, 512), rows)
+    rec = torch.from_numpy(kquant._records(kind, blocks.reshape(-1, BLOCK_BYTES[kind]))).view(37, 2, -1)
+    want = kquant.tile(kind, 512, rec if rows is None else rec[torch.tensor(rows)])
+    assert got.out_features == want.out_features
+    assert torch.equal(got.qs, want.qs) and torch.equal(got.scales, want.scales)

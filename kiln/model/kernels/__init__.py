@@ -33,10 +33,10 @@ SOURCE = Path(__file__).with_name("qlinear.cpp")
 # The batched-LoRA kernel and the fused decode ops share the library (one build, one cache entry).
 SOURCES = [SOURCE, *(Path(__file__).with_name(f)
                      for f in ("isa.cpp", "lora_bgmv.cpp", "decode_ops.cpp", "decode_stack.cpp", "dense_bf16.cpp",
-                               "qlinear_float.cpp", "qlinear_kquant.cpp", "qlinear_kquant_q8.cpp", "silu_mul.cpp"))]
+                               "qlinear_float.cpp", "qlinear_kquant.cpp", "qlinear_kquant_q8.cpp", "kquant_pack.cpp", "silu_mul.cpp"))]
 HEADERS = [Path(__file__).with_name(f)
            for f in ("isa.h", "qlinear.h", "lora_bgmv.h", "decode_ops.h", "decode_stack.h", "dense_bf16.h",
-                     "qlinear_float.h", "qlinear_kquant.h", "kquant_tiles.h", "silu_mul.h", "bf16_simd.h")]
+                     "qlinear_float.h", "qlinear_kquant.h", "kquant_tiles.h", "kquant_pack.h", "silu_mul.h", "bf16_simd.h")]
 # -ffp-contract=off: no silent mul+add fusion, so every ISA path rounds exactly alike
 # -fopenmp: at::parallel_for is header code that runs serially unless the extension itself has OpenMP
 CFLAGS = ["-O3", "-ffp-contract=off", "-std=c++17", "-fopenmp"]

@@ -1,0 +1,19 @@
+// GGUF K-quant blocks into kquant tiles at load (see kquant_pack.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+// blocks: uint8, the GGUF blocks of a [rows, k] tensor (row-major, k / 256 superblocks a row); fmt 0 Q4_K,
+// 1 Q5_K, 2 Q6_K; rows: the source rows to keep, in order (n of them), else all n; perm: kquant.py's byte
+// permutation of a tile's superblock (16 * record bytes entries). Returns (qs [T, S, super_bytes],
+// scales [T, S, rest]); rows past n are zero.
+std::vector<torch::Tensor> kquant_tiles_from_gguf(const torch::Tensor& blocks, int64_t fmt, int64_t n, int64_t k,
+                                                  const c10::optional<torch::Tensor>& rows, const torch::Tensor& perm,
+                                                  int64_t super_bytes);
+
+}  // namespace kiln
