@@ -30,12 +30,13 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weight dtype")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where the model runs (default auto)")
     p.add_argument("--quantization", choices=["auto", "none", "gguf", "gguf-float", "q8_0", "q4_1"],
-                   help="the weights the serving path multiplies with (CPU kernels): 'gguf-float' keeps a GGUF's "
-                   "own Q4/Q8 blocks and multiplies them with float activations (the dequantized weights' "
-                   "answers from a third of bfloat16's bytes); 'gguf' the same blocks with 8-bit activations, "
-                   "as llama.cpp does; 'none' the dense weights; default 'auto': the dense weights on AMD's "
-                   "AVX512-BF16 (whose bf16 dot products outpace float32 FMAs and read them at the blocks' "
-                   "cost) or a GPU, gguf-float for a Q4/Q8 GGUF on any other CPU (AVX2, Intel's AVX-512)")
+                   help="the weights the serving path multiplies with (CPU kernels): 'gguf' keeps a GGUF's own "
+                   "blocks (Q4_0/Q4_1/Q8_0, Q4_K/Q5_K/Q6_K) and multiplies them with 8-bit activations, as "
+                   "llama.cpp does; 'gguf-float' the same blocks with float32 activations (the dequantized "
+                   "weights' answers, slower on big models); 'none' the dense weights; default 'auto': a K-quant "
+                   "GGUF (Q4_K_M, Q5_K_M, Q6_K) as gguf on any CPU; a Q4/Q8 GGUF as dense bfloat16 on AMD's "
+                   "AVX512-BF16 (rebuilt from its blocks) or a GPU, as gguf-float on other CPUs; the startup "
+                   "log says what each tensor format is served with and why")
     p.add_argument("--data-dir", help="where datasets, suites, judgments and adapters live (default ./kiln-data)")
     p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", action="extend",
                    help="PEFT adapter folders to import into the adapter store at start (as vLLM's "

@@ -116,9 +116,13 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     (on the Intel Xeon of benchmarks/RESULTS.md one stream 129 -> 173 tok/s, 8 streams 275 -> 296, 16-64
     streams 1-4% fewer). Anything else: the dense weights.
 
-    A GGUF whose projections are mostly K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files) serves them from
-    their blocks ("gguf-float") on every CPU the kernels run on: the dense kernel's codes cannot
-    rebuild them, so dense bfloat16 would stream 3-4x the blocks' bytes every decode step."""
+    A GGUF whose projections are mostly K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files: the models people
+    download, 1-8B) serves them from their blocks with 8-bit activations ("gguf", llama.cpp's
+    arithmetic) on every CPU the kernels run on: the dense kernel's codes cannot rebuild them, so dense
+    bfloat16 would stream 3-4x the blocks' bytes every decode step, and float activations are
+    compute-bound (every code converted to float: ~15 GB/s a Zen 4 core for Q4_K, ~10 for Q6_K, against
+    ~44 / ~36 with int8 dot products), which held a 1B Q4_K_M decode step at ~0.6x llama-server's.
+    "gguf-float" keeps float activations (the dequantized model's answers) for whoever wants them."""
     p = Path(path)
     if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
         return "none"
@@ -136,7 +140,7 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
             packable += int(t.n_elements) if t.tensor_type.name in PACKABLE_GGUF_TYPES else 0
             kquants += int(t.n_elements) if t.tensor_type.name in KQUANT_GGUF_TYPES else 0
     if total and kquants * 2 >= total:
-        return "gguf-float"
+        return "gguf"
     # most of the layers' weights in blocks the kernels take (a projection whose K is not whole groups of
     # 32 stays dense, as GGUF writers store it unquantized)
     return "gguf-float" if not bf16_wins and total and packable * 2 >= total else "none"
@@ -152,10 +156,11 @@ def auto_quantization_reason(resolved: str) -> str | None:
     """Why "auto" resolved to `resolved` on this CPU, in a sentence for the startup log (None where
     there is nothing to explain: a GPU, a dense model, no kernels)."""
     isa = kernels.active_isa()
-    if resolved == "gguf-float" and _bf16_decode_wins():
-        return ("auto serves the GGUF's K-quant blocks with float32 activations (gguf-float): dense bfloat16 "
-                "cannot be rebuilt from them and would stream 3-4x their bytes a decode step; "
-                "--quantization none serves dense bfloat16")
+    if resolved == "gguf":
+        return ("auto serves the GGUF's K-quant blocks with 8-bit activations (gguf, llama.cpp's arithmetic): "
+                "dense bfloat16 cannot be rebuilt from them and would stream 3-4x their bytes a decode step, and "
+                "float32 activations are compute-bound; --quantization gguf-float keeps the blocks with float32 "
+                "activations (the dequantized model's answers), none serves dense bfloat16")
     if resolved == "gguf-float":
         why = ("this CPU's vdpbf16ps runs at half its float32 FMAs' rate (Intel AVX512-BF16)"
                if isa == "avx512" and codes_serve_here() else f"no native bfloat16 dot products on the {isa} kernels")

@@ -66,8 +66,8 @@ def test_the_startup_line_says_what_each_format_is_served_with(q4_k_m: Path) -> 
     assert "dense" not in weights.served
 
 
-def test_auto_serves_k_quant_blocks(q4_k_m: Path) -> None:
-    assert resolve_quantization(q4_k_m) == "gguf-float"
+def test_auto_serves_k_quant_blocks_with_8_bit_activations(q4_k_m: Path) -> None:
+    assert resolve_quantization(q4_k_m) == "gguf"
 
 
 def test_decode_steps_through_the_stack_equal_the_layer_by_layer_path(each_isa, q4_k_m: Path, monkeypatch) -> None:
@@ -158,3 +158,8 @@ def test_an_embedding_held_as_blocks_dequantizes_only_the_rows_looked_up(q4_k_m:
     rows = emb.packed.dequantize_rows(ids)
     assert rows.shape == (2, 3, model.config.hidden_size)
     assert torch.equal(rows, emb.packed.dequantize()[ids])
+
+
+def test_the_startup_log_says_why_auto_chose_8_bit_activations() -> None:
+    reason = loader.auto_quantization_reason("gguf")
+    assert reason is not None and "8-bit activations" in reason and "--quantization gguf-float" in reason
