@@ -1,0 +1,114 @@
+"""The schema the grammar enforces: strings and numbers bounded unless the schema bounds them itself, and
+keywords with an exact equivalent rewritten to it; every output of the rewritten schema validates against
+the schema as written."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from kiln.core.output_grammar import enforced_schema
+from kiln.core.schema_bounds import (
+    DEFAULT_MAX_LENGTH,
+    MAX_SAFE_INTEGER,
+    bounded,
+    bounded_json_object,
+    enforceable,
+)
+
+
+def test_a_string_without_max_length_gets_the_default():
+    assert bounded({"type": "string", "format": "email"})["maxLength"] == DEFAULT_MAX_LENGTH
+
+
+def test_a_schemas_own_string_and_number_bounds_win():
+    assert bounded({"type": "string", "maxLength": 8})["maxLength"] == 8
+    assert bounded({"type": "string", "minLength": 900})["maxLength"] == 900
+    own = bounded({"type": "number", "exclusiveMinimum": 0, "maximum": 1, "multipleOf": 0.5})
+    assert own == {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "multipleOf": 0.5}
+
+
+def test_integers_get_the_interoperable_range_and_numbers_bounded_fraction_digits():
+    assert bounded({"type": "integer", "multipleOf": 5}) == {
+        "type": "integer", "multipleOf": 5, "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER}
+    number = bounded({"type": "number"})
+    assert number["multipleOf"] == 1e-9 and number["maximum"] == MAX_SAFE_INTEGER
+
+
+def test_bounds_reach_nested_properties_items_refs_and_type_lists():
+    schema = bounded({"type": "object", "properties": {"a": {"type": ["string", "null"]},
+                                                       "b": {"type": "array", "items": {"type": "integer"}},
+                                                       "c": {"$ref": "#/$defs/s"}},
+                      "$defs": {"s": {"type": "string"}}})
+    assert schema["properties"]["a"]["maxLength"] == DEFAULT_MAX_LENGTH
+    assert schema["properties"]["b"]["items"]["maximum"] == MAX_SAFE_INTEGER
+    assert schema["$defs"]["s"]["maxLength"] == DEFAULT_MAX_LENGTH
+    assert schema["properties"]["c"] == {"$ref": "#/$defs/s"}
+
+
+def test_tests_inside_not_and_if_are_not_bounded():
+    schema = bounded({"not": {"type": "string"}, "if": {"type": "string"}, "then": {"type": "string"}})
+    assert schema["not"] == {"type": "string"} and schema["if"] == {"type": "string"}
+    assert schema["then"]["maxLength"] == DEFAULT_MAX_LENGTH
+
+
+def test_enums_consts_and_refs_are_left_alone():
+    for schema in ({"enum": ["a", 1]}, {"const": "x"}, {"$ref": "#/$defs/x"}, {"anyOf": [{"type": "null"}]}):
+        assert bounded(schema) == schema
+
+
+def test_json_object_is_any_object_with_bounded_values():
+    schema = bounded_json_object()
+    # numbers are left out here: jsonschema divides floats for multipleOf (1 / 1e-9 is not whole in
+    # binary); llguidance checks it in decimal (the engine tests feed numbers through the matcher)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"a": ["x", {"b": "y", "c": None, "d": []}], "e": True})
+    assert not validator.is_valid(["x"]) and not validator.is_valid({"a": "x" * (DEFAULT_MAX_LENGTH + 1)})
+    number = next(s for s in schema["$defs"]["kiln_value"]["anyOf"] if s.get("type") == "number")
+    assert number["maximum"] == MAX_SAFE_INTEGER and number["multipleOf"] == 1e-9
+
+
+def test_dependent_required_becomes_absent_or_all_present():
+    schema = enforceable({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}})
+    assert "dependentRequired" not in schema
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({}) and validator.is_valid({"b": 1}) and validator.is_valid({"a": 1, "b": 2})
+    assert not validator.is_valid({"a": 1})
+
+
+def test_draft7_dependencies_with_name_lists_are_rewritten_and_schema_dependencies_kept():
+    assert "dependencies" not in enforceable({"type": "object", "dependencies": {"a": ["b"]}})
+    kept = {"type": "object", "dependencies": {"a": {"required": ["b"]}}}
+    assert enforceable(kept) == kept
+
+
+@pytest.mark.parametrize(("schema", "dropped"), [
+    ({"type": "array", "uniqueItems": False}, True),
+    ({"type": "array", "uniqueItems": True, "maxItems": 1}, True),
+    ({"type": "array", "uniqueItems": True, "maxItems": 3}, False),
+])
+def test_unique_items_is_dropped_only_where_it_constrains_nothing(schema, dropped):
+    assert ("uniqueItems" not in enforceable(schema)) is dropped
+
+
+@pytest.mark.parametrize(("schema", "types"), [
+    ({"not": {"type": "string"}}, ["number", "integer", "boolean", "null", "array", "object"]),
+    ({"not": {"type": ["number", "null"]}}, ["string", "boolean", "array", "object"]),
+    ({"type": ["string", "integer"], "not": {"type": "string"}}, "integer"),
+])
+def test_not_a_type_becomes_the_other_types(schema, types):
+    out = enforceable(schema)
+    assert "not" not in out and out["type"] == types
+
+
+def test_not_integer_and_not_of_other_keywords_stay_to_be_refused():
+    for schema in ({"not": {"type": "integer"}}, {"not": {"enum": ["a"]}}, {"type": "string", "not": {"type": "string"}}):
+        assert enforceable(schema) == schema
+
+
+def test_the_enforced_schema_closes_objects_then_rewrites_then_bounds():
+    schema = enforced_schema({"type": "object", "properties": {"mail": {"type": "string", "format": "email"},
+                                                               "to": {"type": "string"}},
+                              "dependentRequired": {"mail": ["to"]}})
+    assert schema["additionalProperties"] is False and "dependentRequired" not in schema
+    assert schema["properties"]["mail"]["maxLength"] == DEFAULT_MAX_LENGTH
