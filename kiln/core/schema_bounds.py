@@ -4,9 +4,11 @@ Two rewrites, each keeping every output valid against the schema as written:
 
 - Bounds (`bounded`): a string without `maxLength` gets `DEFAULT_MAX_LENGTH`; a number or integer without
   a lower / upper bound gets -/+`MAX_SAFE_INTEGER` (2^53 - 1, the I-JSON interoperable range), and a
-  `number` without `multipleOf` gets `multipleOf` 10^-`FRACTION_DIGITS`. Free JSON (`json_object`) is any
-  object whose values are bounded the same way, at every depth. A small model otherwise writes an email
-  address or digits until `max_tokens`; a schema's own `maxLength`, bounds or `multipleOf` always win.
+  `number` without `multipleOf` gets `multipleOf` 10^-`FRACTION_DIGITS`; an array without `maxItems`, and
+  an object open to other keys without `maxProperties` (where llguidance can bound it: every listed key
+  required), get `DEFAULT_MAX_ITEMS`. Free JSON (`json_object`) is any object whose values are bounded
+  the same way, at every depth. A small model otherwise writes an email address, digits or list items
+  until `max_tokens`; a schema's own `maxLength`, bounds, `multipleOf`, `maxItems` always win.
 - Equivalents (`enforceable`): keywords llguidance does not implement but that have an exact equivalent it
   does: `dependentRequired` (and draft-7 `dependencies` with name lists) becomes, per key, "the key is
   absent or every dependent key is present" (`anyOf` of `properties: {key: false}` and `required`);
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 DEFAULT_MAX_LENGTH = 512
+DEFAULT_MAX_ITEMS = 128        # array items, and the keys of an object open to any key
 MAX_SAFE_INTEGER = 2**53 - 1
 FRACTION_DIGITS = 9
 
@@ -75,6 +78,14 @@ def _bound(schema: dict[str, Any]) -> dict[str, Any]:
             schema["maximum"] = MAX_SAFE_INTEGER
         if (free or "number" in types) and "multipleOf" not in schema:
             schema["multipleOf"] = float(f"1e-{FRACTION_DIGITS}")
+    if (free or "array" in types) and "maxItems" not in schema:
+        schema["maxItems"] = max(DEFAULT_MAX_ITEMS, int(schema.get("minItems", 0) or 0))
+    props = schema.get("properties")
+    listed_all_required = not props or (isinstance(props, Mapping) and set(props) <= set(schema.get("required") or []))
+    if (free or "object" in types) and schema.get("additionalProperties") is not False \
+            and "maxProperties" not in schema and listed_all_required:
+        # llguidance bounds the keys of an object only where every listed key is required
+        schema["maxProperties"] = max(DEFAULT_MAX_ITEMS, int(schema.get("minProperties", 0) or 0))
     return schema
 
 
@@ -92,10 +103,10 @@ def bounded(schema: Any) -> Any:
 def bounded_json_object() -> dict[str, Any]:
     """Any JSON object, its values bounded at every depth (the grammar of `json_object`)."""
     value = "#/$defs/kiln_value"
-    return {"type": "object", "additionalProperties": {"$ref": value}, "$defs": {"kiln_value": {"anyOf": [
+    return _bound({"type": "object", "additionalProperties": {"$ref": value}, "$defs": {"kiln_value": {"anyOf": [
         _bound({"type": "string"}), _bound({"type": "number"}), {"type": "boolean"}, {"type": "null"},
-        {"type": "array", "items": {"$ref": value}},
-        {"type": "object", "additionalProperties": {"$ref": value}}]}}}
+        _bound({"type": "array", "items": {"$ref": value}}),
+        _bound({"type": "object", "additionalProperties": {"$ref": value}})]}}})
 
 
 def _dependent_required(schema: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import pytest
 
 from kiln.core.output_grammar import enforced_schema
 from kiln.core.schema_bounds import (
+    DEFAULT_MAX_ITEMS,
     DEFAULT_MAX_LENGTH,
     MAX_SAFE_INTEGER,
     bounded,
@@ -33,6 +34,15 @@ def test_integers_get_the_interoperable_range_and_numbers_bounded_fraction_digit
         "type": "integer", "multipleOf": 5, "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER}
     number = bounded({"type": "number"})
     assert number["multipleOf"] == 1e-9 and number["maximum"] == MAX_SAFE_INTEGER
+
+
+def test_arrays_and_objects_open_to_any_key_get_at_most_the_default_count():
+    assert bounded({"type": "array", "items": {"enum": [1]}})["maxItems"] == DEFAULT_MAX_ITEMS
+    assert bounded({"type": "array", "maxItems": 3})["maxItems"] == 3
+    assert bounded({"type": "object", "additionalProperties": {"enum": [1]}})["maxProperties"] == DEFAULT_MAX_ITEMS
+    # llguidance bounds the key count only where every listed key is required
+    assert "maxProperties" not in bounded({"type": "object", "properties": {"a": {"enum": [1]}}})
+    assert "maxProperties" not in bounded({"type": "object", "additionalProperties": False})
 
 
 def test_bounds_reach_nested_properties_items_refs_and_type_lists():
