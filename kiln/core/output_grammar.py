@@ -60,7 +60,9 @@ def canonical_json(value: Any) -> str:
 
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+# not `not`, `if`, `then`, `else`: those are tests or intersected with their parent, where closing would
+# exclude the parent's own keys
+_SUBSCHEMAS = ("items", "additionalProperties", "contains")
 
 
 def closed_objects(schema: Any) -> Any:

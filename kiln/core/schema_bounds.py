@@ -13,7 +13,10 @@ Two rewrites, each keeping every output valid against the schema as written:
   does: `dependentRequired` (and draft-7 `dependencies` with name lists) becomes, per key, "the key is
   absent or every dependent key is present" (`anyOf` of `properties: {key: false}` and `required`);
   `uniqueItems` that constrains nothing (`false`, or at most one item) is dropped; `not: {"type": ...}`
-  becomes the complementary `type`. Anything else llguidance cannot enforce stays and is refused.
+  becomes the complementary `type`; `if` testing one property against a `const` the property's own `enum`
+  lists (`if: {properties: {k: {const: c}}}`, with or without `required: [k]`) becomes `anyOf` of "k is c
+  (or absent, as `if` says) and `then`" and "k is another of its values (or absent) and `else`".
+  Anything else llguidance cannot enforce stays and is refused.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "d
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
                "not", "if", "then", "else", "contains", "propertyNames")
-# a schema with one of these says what its value is through them, not through its own bounds
-_COMPOSED = ("$ref", "anyOf", "oneOf", "allOf", "const", "enum")
+# the keywords of a schema that still admits any value
+_ANY_KEYS = {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 
 
 def _walk(schema: Any, rewrite: Any, skip: tuple[str, ...] = ()) -> Any:
@@ -66,9 +69,9 @@ def _types(schema: Mapping[str, Any]) -> set[str] | None:
 
 def _bound(schema: dict[str, Any]) -> dict[str, Any]:
     types = _types(schema)
-    if types is None and any(k in schema for k in _COMPOSED):
-        return schema
-    free = types is None   # a typeless leaf: its bounds apply to whichever scalar it turns out to be
+    free = types is None and set(schema) <= _ANY_KEYS   # any value at all: bounded whatever it turns out to be
+    if types is None and not free:
+        return schema   # a test, a reference or a composition: the schemas it names are bounded themselves
     if (free or "string" in types) and "maxLength" not in schema:
         schema["maxLength"] = max(DEFAULT_MAX_LENGTH, int(schema.get("minLength", 0) or 0))
     if free or types & {"number", "integer"}:
@@ -156,6 +159,38 @@ def _not_type(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+_DOC_KEYS = {"title", "description", "$comment"}
+
+
+def _if_const(schema: dict[str, Any]) -> dict[str, Any]:
+    test = schema.get("if")
+    if not isinstance(test, Mapping) or not set(test) <= {"properties", "required", *_DOC_KEYS}:
+        return schema
+    tested = test.get("properties")
+    if not isinstance(tested, Mapping) or len(tested) != 1:
+        return schema
+    [(key, cond)] = tested.items()
+    required = test.get("required", [])
+    if not isinstance(cond, Mapping) or set(cond) != {"const"} or required not in ([], [key]):
+        return schema
+    own = (schema.get("properties") or {}).get(key)
+    values = own.get("enum") if isinstance(own, Mapping) else None
+    if not isinstance(values, list) or cond["const"] not in values:
+        return schema
+    others = [v for v in values if v != cond["const"]]
+    absent = {"properties": {key: False}}
+    is_c = {"properties": {key: {"const": cond["const"]}}, **({"required": [key]} if required else {})}
+    not_c = [{"required": [key], "properties": {key: {"enum": others}}}] if others else []
+    if required:   # an absent key fails the test: `else` holds then
+        not_c.append(absent)
+    branches = [{"allOf": [is_c, schema.get("then", {})]}]
+    branches += [{"allOf": [c, schema.get("else", {})]} for c in not_c]
+    for k in ("if", "then", "else"):
+        schema.pop(k, None)
+    schema["allOf"] = [*schema.get("allOf", []), {"anyOf": branches}]
+    return schema
+
+
 def enforceable(schema: Any) -> Any:
     """The schema with the keywords that have an exact enforceable equivalent rewritten to it."""
-    return _walk(schema, lambda s: _not_type(_unique_items(_dependent_required(s))))
+    return _walk(schema, lambda s: _if_const(_not_type(_unique_items(_dependent_required(s)))))

@@ -122,3 +122,26 @@ def test_the_enforced_schema_closes_objects_then_rewrites_then_bounds():
                               "dependentRequired": {"mail": ["to"]}})
     assert schema["additionalProperties"] is False and "dependentRequired" not in schema
     assert schema["properties"]["mail"]["maxLength"] == DEFAULT_MAX_LENGTH
+
+
+IF_CONST = {"type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]}, "n": {"type": "integer"}},
+            "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["n"]},
+            "else": {"properties": {"n": {"maximum": 0}}}}
+INSTANCES = [{}, {"kind": "a"}, {"kind": "a", "n": 5}, {"kind": "b", "n": 5}, {"kind": "b", "n": -1}, {"n": 3},
+             {"n": -1}, {"kind": "c"}]
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_if_testing_a_const_of_the_propertys_enum_becomes_an_equivalent_any_of(required):
+    schema = {**IF_CONST, "if": {**IF_CONST["if"], **({"required": ["kind"]} if required else {})}}
+    out = enforceable(schema)
+    assert not {"if", "then", "else"} & set(out)
+    before, after = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(out)
+    assert [before.is_valid(i) for i in INSTANCES] == [after.is_valid(i) for i in INSTANCES]
+
+
+def test_other_if_tests_stay_to_be_refused():
+    for test in ({"properties": {"kind": {"const": "z"}}}, {"properties": {"kind": {"pattern": "a"}}},
+                 {"required": ["kind"]}):
+        schema = {**IF_CONST, "if": test}
+        assert enforceable(schema) == schema

@@ -108,6 +108,10 @@ SCHEMAS: dict[str, dict] = {
     "dependent_required": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                            "dependentRequired": {"a": ["b"]}},
     "not": {"not": {"type": "string"}},
+    "if_then_else": {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+                     "required": ["kind"], "additionalProperties": False,
+                     "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["n"]},
+                     "else": {"properties": {"n": {"maximum": 0}}}},
     "min_properties": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "integer"}},
 }
 
