@@ -18,6 +18,7 @@ out of text, and a model writes the tag as that one token.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ from kiln.core.output_grammar import (
     lark_string,
 )
 from kiln.core.schema_bounds import DEFAULT_MAX_LENGTH
-from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN
+from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN, type_parameter_value
 from kiln.errors import KilnError
 
 FORMATS = ("json", "xml")
@@ -76,8 +77,12 @@ def forced_call_grammar(functions: list[tuple[str, Mapping[str, Any]]], *, paral
     return lark_grammar(lark, kind="tool_call", param=param)
 
 
-_TEXT_KEYS = ("pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf", "not", "$ref")
-_DOC_KEYS = ("title", "description", "default", "examples")
+_TEXT_KEYS = ("pattern", "format", "enum", "const")
+# text the parser (kiln.core.tool_calls.type_parameter_value) reads as a number, array or object when
+# the parameter's declared types admit one: such a value would answer to that type's constraints, so raw
+# text never looks like one (text it reads as true / false / null is a valid boolean / null)
+_RETYPED = {"number": r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?", "array": r"[\[{](?s:.*)"}
+_RETYPED["integer"], _RETYPED["object"] = _RETYPED["number"], _RETYPED["array"]
 
 
 class UnforceableParameter(ValueError):
@@ -94,37 +99,57 @@ def _resolve(schema: Any, defs: Mapping[str, Any]) -> Mapping[str, Any]:
     return schema if isinstance(schema, Mapping) else {}
 
 
-def _types(schema: Mapping[str, Any]) -> set[str] | None:
-    """The types a schema's value may have: its `type`, or the union of an anyOf / oneOf of bare types."""
+def _union(schema: Mapping[str, Any]) -> tuple[set[str], Mapping[str, Any]] | None:
+    """(the types a value may have, the schema its strings answer to): a `type` or type list, or an
+    anyOf / oneOf whose branches each name one type (Pydantic's Optional[str]); None otherwise."""
     t = schema.get("type")
     if isinstance(t, str):
-        return {t}
+        return {t}, schema
     if isinstance(t, list):
-        return set(t)
+        return set(t), schema
     branches = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(branches, list) and all(isinstance(b, Mapping) and set(b) <= {"type", *_DOC_KEYS}
-                                          and isinstance(b.get("type"), str) for b in branches):
-        return {b["type"] for b in branches}
+    if isinstance(branches, list) and branches and all(
+            isinstance(b, Mapping) and isinstance(b.get("type"), str) for b in branches):
+        strings = [b for b in branches if b["type"] == "string"]
+        if len(strings) <= 1:
+            return {b["type"] for b in branches}, strings[0] if strings else schema
     return None
 
 
-def _xml_value(key: str, schema: Mapping[str, Any], defs: Mapping[str, Any]) -> str:
-    """The Lark expression of one parameter's value in the XML form."""
+def _text(key: str, types: set[str], strings: Mapping[str, Any]) -> str:
+    """Raw text for a string value, up to the closing tag (a lazy lexeme: it ends where the tag starts):
+    no newline first (the parser trims the one after the opening tag, and would take a second with it),
+    and never text the parser would read as another of the declared types."""
+    if any(k in strings for k in _TEXT_KEYS):
+        raise UnforceableParameter(key)
+    low = int(strings.get("minLength", 0) or 0)
+    high = int(strings.get("maxLength", max(DEFAULT_MAX_LENGTH, low)))
+    text = (f"/(?s:([^\\n].{{0,{max(high - 1, 0)}}})?)/ & /(?s:.{{{low},{high}}})/ "
+            f"& ~/(?s:.*<\\/parameter>.*)/")
+    retyped = sorted({_RETYPED[t] for t in types if t in _RETYPED})
+    if retyped:
+        text += f" & ~/(?s:\\s*({'|'.join(retyped)})\\s*)/"
+    return text
+
+
+def _xml_value(key: str, schema: Mapping[str, Any], defs: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(the Lark expression of one parameter's value, a raw-text terminal or None) in the XML form."""
     schema = _resolve(schema, defs)
     choices = [schema["const"]] if "const" in schema else schema.get("enum")
-    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-        return "(" + " | ".join(lark_string(c) for c in choices) + ")"
-    types = _types(schema)
-    if types is None or ("string" in types and any(k in schema for k in _TEXT_KEYS if k not in ("anyOf", "oneOf"))):
+    if isinstance(choices, list) and choices:
+        # each choice as the parser reads it back: strings as text, others as JSON
+        if not all(type_parameter_value(c if isinstance(c, str) else json.dumps(c), schema) == c for c in choices):
+            raise UnforceableParameter(key)
+        return "(" + " | ".join(lark_string(c if isinstance(c, str) else json.dumps(c)) for c in choices) + ")", None
+    union = _union(schema)
+    if union is None:
         raise UnforceableParameter(key)
-    if "string" in types:
-        low = int(schema.get("minLength", 0) or 0)
-        high = int(schema.get("maxLength", max(DEFAULT_MAX_LENGTH, low)))
-        # raw text up to the closing tag (a lazy lexeme: it ends where the tag starts); no newline first,
-        # as the parser trims the one after the opening tag and would take a second one with it
-        return (f"/(?s:([^\\n].{{0,{max(high - 1, 0)}}})?)/ & /(?s:.{{{low},{high}}})/ "
-                f"& ~/(?s:.*<\\/parameter>.*)/")
-    return f"%json {canonical_json({'$defs': dict(defs), **schema} if defs else dict(schema))}"
+    types, strings = union
+    if "string" not in types:
+        return f"%json {canonical_json({'$defs': dict(defs), **schema} if defs else dict(schema))}", None
+    # text (read back as a string, or as true / false / null where the types admit them); numbers, arrays
+    # and objects beside strings are left out
+    return "", _text(key, types, strings)
 
 
 def forced_xml_call_grammar(functions: list[tuple[str, Mapping[str, Any]]], *, parallel: bool, param: str,
@@ -138,20 +163,21 @@ def forced_xml_call_grammar(functions: list[tuple[str, Mapping[str, Any]]], *, p
         parts = []
         for p, (key, prop) in enumerate(props.items()):
             try:
-                value = _xml_value(key, prop, defs)
+                value, text = _xml_value(key, prop, defs)
             except UnforceableParameter:
                 raise KilnError(400, "tool_call_format", f"parameter {key!r} of function {name!r} cannot be "
                                 "held to its schema in the model's XML tool-call form (a value that may or may not "
                                 "be a string, or a patterned or formatted string)",
                                 param="tools", hint="Give the parameter one plain type, or drop tool_choice.") from None
-            if value.startswith(("%json", "(")):
-                rules.append(f"p{f}_{p}: {lark_string(f'<parameter={key}>' + chr(10))} v{f}_{p} "
-                             f"{lark_string(chr(10) + '</parameter>' + chr(10))}")
-                rules.append(f"v{f}_{p}: {value}")
-            else:   # one lazy lexeme: the text and the closing tag, ending at the first closing tag
-                rules.append(f"p{f}_{p}: {lark_string(f'<parameter={key}>' + chr(10))} v{f}_{p} {lark_string(chr(10))}")
-                rules.append(f"v{f}_{p}[lazy]: T{f}_{p} {lark_string(chr(10) + '</parameter>')}")
-                rules.append(f"T{f}_{p}: {value}")
+            opening, closing = lark_string(f"<parameter={key}>\n"), lark_string("\n</parameter>")
+            alternatives = []
+            if value:
+                alternatives.append(f"{value} {closing}")
+            if text is not None:   # one lazy lexeme: the text and the closing tag, ending at the first tag
+                rules.append(f"t{f}_{p}[lazy]: T{f}_{p} {closing}")
+                rules.append(f"T{f}_{p}: {text}")
+                alternatives.append(f"t{f}_{p}")
+            rules.append(f"p{f}_{p}: {opening} ({' | '.join(alternatives)}) {lark_string(chr(10))}")
             parts.append(f"p{f}_{p}" + ("" if key in required else "?"))
         rules.append(f"f{f}: {lark_string(f'<function={name}>' + chr(10))} {' '.join(parts)} "
                      f"{lark_string('</function>')}")

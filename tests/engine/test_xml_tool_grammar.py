@@ -146,3 +146,23 @@ def test_a_tiny_model_with_an_xml_template_writes_xml_calls_valid_against_the_pa
         assert "<function=" in text and call.format == "qwen3_xml"
         schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.name)
         jsonschema.validate(json.loads(json.dumps(call.arguments)), schema)
+
+
+def test_an_optional_string_parameter_keeps_number_like_text_a_string(ll):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"v": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["v"]}}}]
+    g = tool_grammar(tools, "required", None, code="chat_invalid_request", tag_ids=ll[2], fmt="xml").grammar
+    for value in ("42", None, "true"):
+        text = xml("f", {"v": value})
+        assert accepts(ll, g, text)
+        [call] = extract_tool_calls(text, tools)
+        assert call.arguments == {"v": value}
+
+
+def test_text_beside_a_number_type_never_reads_as_a_number(ll):
+    # "42" would come back as the integer 42, held to the integer's own bounds: only text is written
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"v": {"type": ["string", "integer"], "maximum": 5}}, "required": ["v"]}}}]
+    g = tool_grammar(tools, "required", None, code="chat_invalid_request", tag_ids=ll[2], fmt="xml").grammar
+    assert accepts(ll, g, xml("f", {"v": "abc"}))
+    assert not accepts(ll, g, xml("f", {"v": 42})) and not accepts(ll, g, xml("f", {"v": "42"}))
