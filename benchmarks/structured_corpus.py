@@ -144,11 +144,14 @@ def format_checker() -> jsonschema.FormatChecker:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--compile-only", action="store_true", help="compile times only, no generation")
     args = ap.parse_args()
     root = pathlib.Path(tempfile.mkdtemp())
     eng = build_engine(Settings(data=DataSettings(data_dir=str(root / "d"))))
     print(f"isa {kernels.active_isa()}; {len(CORPUS)} schemas; greedy, max_tokens {args.max_tokens}")
     counts = {"accepted": 0, "refused": 0, "stop": 0, "length": 0, "valid": 0, "other": 0}
+    assert eng.grammars.ll_tokenizer is not None   # built once, not part of a compile
+    compile_ms: list[float] = []
     for name, ask, schema in CORPUS:
         try:
             g = eng.grammars.compile(json_schema_grammar(schema, kind="json_schema", param="schema"), code="bad")
@@ -157,6 +160,9 @@ def main() -> None:
             print(f"{name:20s} refused: {e.message[:110]}")
             continue
         counts["accepted"] += 1
+        compile_ms.append(g.compile_ms)
+        if args.compile_only:
+            continue
         prompt = eng.encode_prompt(eng.render_chat([{"role": "user", "content": f"{ask} Answer in JSON."}]))
         params = eng.choice_params(SamplingParams(max_tokens=args.max_tokens, temperature=0.0), 1)
 
@@ -185,6 +191,8 @@ def main() -> None:
         else:
             counts["other"] += 1
         print(f"{name:20s} {finish:7s} {len(toks):4d} tok {time.perf_counter() - t0:5.1f}s {verdict} {text[:70]!r}")
+    compile_ms.sort()
+    print(f"compile ms: p50 {compile_ms[len(compile_ms) // 2]:.2f}, max {compile_ms[-1]:.2f}")
     n, acc = len(CORPUS), counts["accepted"]
     print(f"accepted {acc}/{n} ({acc / n:.0%}); stopped {counts['stop']}, of which valid {counts['valid']}; "
           f"ran to max_tokens {counts['length']}/{acc} ({counts['length'] / max(acc, 1):.0%}); other {counts['other']}")
