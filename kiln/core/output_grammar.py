@@ -92,8 +92,14 @@ def closed_objects(schema: Any) -> Any:
 
 def enforced_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     """The schema the grammar enforces: objects closed (`closed_objects`), keywords with an exact
-    equivalent rewritten to it, strings and numbers bounded (kiln.core.schema_bounds)."""
-    return dict(bounded(enforceable(closed_objects(schema))))
+    equivalent rewritten to it, strings and numbers bounded (kiln.core.schema_bounds). A schema too
+    malformed to rewrite (a keyword of the wrong JSON type) goes to llguidance closed but otherwise as
+    written, and llguidance's refusal names what is wrong."""
+    closed = closed_objects(schema)
+    try:
+        return dict(bounded(enforceable(closed)))
+    except (TypeError, ValueError, AttributeError):
+        return dict(closed)
 
 
 def json_schema_grammar(schema: Mapping[str, Any], *, kind: str, param: str) -> OutputGrammar:

@@ -164,7 +164,7 @@ def forced_xml_call_grammar(functions: list[tuple[str, Mapping[str, Any]]], *, p
         for p, (key, prop) in enumerate(props.items()):
             try:
                 value, text = _xml_value(key, prop, defs)
-            except UnforceableParameter:
+            except (UnforceableParameter, TypeError, ValueError, AttributeError):   # the latter: malformed
                 raise KilnError(400, "tool_call_format", f"parameter {key!r} of function {name!r} cannot be "
                                 "held to its schema in the model's XML tool-call form (a value that may or may not "
                                 "be a string, or a patterned or formatted string)",

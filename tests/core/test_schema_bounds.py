@@ -145,3 +145,12 @@ def test_other_if_tests_stay_to_be_refused():
                  {"required": ["kind"]}):
         schema = {**IF_CONST, "if": test}
         assert enforceable(schema) == schema
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": "long"},
+    {"type": "object", "properties": ["a"], "if": {"properties": {"a": {"const": 1}}}},
+    {"type": "object", "allOf": 3, "dependentRequired": {"a": ["b"]}},
+])
+def test_a_schema_too_malformed_to_rewrite_goes_on_as_written(schema):
+    assert enforced_schema(schema) == schema
