@@ -170,8 +170,8 @@ def test_schemas_llguidance_cannot_enforce_are_400s_naming_the_field(engine, sch
 
 
 # thousands of numeric ranges: inside every compile limit, and seconds of compile
-PATHOLOGICAL = {"type": "array", "maxItems": 2000, "prefixItems": [{"type": "integer", "minimum": i * 7919, "maximum": i * 104729 + 13}
-                                                 for i in range(2000)]}
+PATHOLOGICAL = {"type": "array", "maxItems": 2000,
+                "prefixItems": [{"type": "integer", "minimum": i * 7919, "maximum": i * 104729 + 13} for i in range(2000)]}
 
 
 def test_a_grammar_that_compiles_past_the_deadline_is_a_400_naming_the_field(engine):
