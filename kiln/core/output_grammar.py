@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.core.schema_bounds import bounded, bounded_json_object, enforceable
 from kiln.errors import KilnError
 
 # JSON as json.dumps writes it: ", " and ": " between items, no other whitespace, so a small model
@@ -59,7 +60,9 @@ def canonical_json(value: Any) -> str:
 
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+# not `not`, `if`, `then`, `else`: those are tests or intersected with their parent, where closing would
+# exclude the parent's own keys
+_SUBSCHEMAS = ("items", "additionalProperties", "contains")
 
 
 def closed_objects(schema: Any) -> Any:
@@ -87,10 +90,22 @@ def closed_objects(schema: Any) -> Any:
     return out
 
 
+def enforced_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema the grammar enforces: objects closed (`closed_objects`), keywords with an exact
+    equivalent rewritten to it, strings and numbers bounded (kiln.core.schema_bounds). A schema too
+    malformed to rewrite (a keyword of the wrong JSON type) goes to llguidance closed but otherwise as
+    written, and llguidance's refusal names what is wrong."""
+    closed = closed_objects(schema)
+    try:
+        return dict(bounded(enforceable(closed)))
+    except (TypeError, ValueError, AttributeError):
+        return dict(closed)
+
+
 def json_schema_grammar(schema: Mapping[str, Any], *, kind: str, param: str) -> OutputGrammar:
-    """A JSON-schema grammar: objects closed (`closed_objects`), and Kiln's JSON options (whitespace, never
-    lenient) overriding any `x-guidance` the schema carries."""
-    schema = dict(closed_objects(schema))
+    """A JSON-schema grammar: the enforced schema (`enforced_schema`), and Kiln's JSON options (whitespace,
+    never lenient) overriding any `x-guidance` the schema carries."""
+    schema = enforced_schema(schema)
     guidance = schema.get("x-guidance")
     schema["x-guidance"] = {**(guidance if isinstance(guidance, Mapping) else {}), **JSON_OPTIONS}
     doc = {"grammars": [{"name": "json_schema", "json_schema": schema}]}
@@ -181,7 +196,7 @@ def _response_format(rf: Any, code: str) -> OutputGrammar | None:
         if rf.get("schema") is not None:
             return json_schema_grammar(_schema(rf["schema"], "response_format.schema", code), kind="json_schema",
                                        param="response_format.schema")
-        return json_schema_grammar({"type": "object"}, kind="json_object", param="response_format")
+        return json_schema_grammar(bounded_json_object(), kind="json_object", param="response_format")
     if kind == "json_schema":
         spec = rf.get("json_schema")
         if not isinstance(spec, Mapping):
@@ -219,7 +234,7 @@ def _vllm_field(name: str, value: Any, param: str, code: str, gbnf_to_lark: Any)
     if name == "json":
         return json_schema_grammar(_schema(value, param, code), kind="json_schema", param=param)
     if name == "json_object":
-        return json_schema_grammar({"type": "object"}, kind="json_object", param=param)
+        return json_schema_grammar(bounded_json_object(), kind="json_object", param=param)
     if name == "regex":
         return regex_grammar(_text(value, param, code, "a regular expression"), param=param)
     if name == "choice":

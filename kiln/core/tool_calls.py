@@ -86,13 +86,27 @@ def _json_types(value: Any) -> set[str]:
     return {"array"} if isinstance(value, list) else {"object"}
 
 
+def _declared_types(schema: Mapping[str, Any] | None) -> list[str] | None:
+    """The property's `type`, or the types of an anyOf / oneOf of bare types (Pydantic's Optional[str])."""
+    if not isinstance(schema, Mapping):
+        return None
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        return [declared]
+    if isinstance(declared, list):
+        return declared
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(branches, list) and branches and all(
+            isinstance(b, Mapping) and isinstance(b.get("type"), str) for b in branches):
+        return [b["type"] for b in branches]
+    return None
+
+
 def type_parameter_value(raw: str, schema: Mapping[str, Any] | None = None) -> Any:
     """§3.6 value typing; a value the property's declared type rejects stays a string when the
     schema admits strings (a zip code "02139" declared as string is not turned into a number)."""
     value = _generic_value(raw)
-    declared = schema.get("type") if isinstance(schema, Mapping) else None
-    if isinstance(declared, str):
-        declared = [declared]
+    declared = _declared_types(schema)
     if isinstance(value, str) or not isinstance(declared, list):
         return value
     if _json_types(value) & set(declared) or "string" not in declared:

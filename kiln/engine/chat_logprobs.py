@@ -5,6 +5,13 @@ adapter), so the two agree for the same tokens. The contract's closed `Choice` h
 Each generated token becomes `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
 "bytes"}, ...]}` (top_logprobs: the `top_logprobs` best, 0-20); the EOS that ended a choice is not
 listed, as OpenAI lists only what the message says. Reasoning tokens are listed too, in order.
+
+Streamed, each chunk carries the logprobs of its own tokens: those of every engine event from the one
+after the previous chunk's up to its own (text a detokenizer or parser holds back goes with the chunk that
+shows it). Tokens are scored in blocks of `STREAM_BLOCK_TOKENS` as they arrive (prompt plus everything so
+far, one forward each), so chunks trail generation by at most one block; tokens no chunk shows (an
+unfinished byte sequence at the end) go in one chunk before the finish chunk. Scoring a prefix agrees with
+scoring the whole to float rounding (~1e-6).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ if TYPE_CHECKING:
     from kiln.engine.serving import Admission, Engine
 
 MAX_TOP_LOGPROBS = 20
+STREAM_BLOCK_TOKENS = 16
 
 
 def _entry(text: str, logprob: float) -> dict[str, Any]:
@@ -38,12 +46,11 @@ def listed_tokens(out: ChoiceOutput, stop_ids: list[int]) -> list[int]:
     return ids
 
 
-async def chat_logprobs(engine: Engine, prep: PreparedChat, out: ChoiceOutput, top: int,
-                        timeout_s: float) -> dict[str, Any]:
-    """`{"content": [...]}` for one choice."""
-    generated = listed_tokens(out, prep.params[0].stop_token_ids)
+async def _content(engine: Engine, prep: PreparedChat, generated: list[int], top: int,
+                   timeout_s: float) -> list[dict[str, Any]]:
+    """The logprob entries of `generated`, scored after the prompt in one dense forward."""
     if not generated:
-        return {"content": []}
+        return []
     ids = prep.prompt_ids + generated
     try:
         scores = await asyncio.wait_for(engine.score(ids, top, prep.adapter), timeout=timeout_s)
@@ -60,7 +67,14 @@ async def chat_logprobs(engine: Engine, prep: PreparedChat, out: ChoiceOutput, t
         item = _entry(observed["decoded_token"], observed["logprob"])
         item["top_logprobs"] = [_entry(e["decoded_token"], e["logprob"]) for e in ranked if e["rank"] <= top]
         content.append(item)
-    return {"content": content}
+    return content
+
+
+async def chat_logprobs(engine: Engine, prep: PreparedChat, out: ChoiceOutput, top: int,
+                        timeout_s: float) -> dict[str, Any]:
+    """`{"content": [...]}` for one choice."""
+    return {"content": await _content(engine, prep, listed_tokens(out, prep.params[0].stop_token_ids), top,
+                                      timeout_s)}
 
 
 def check_scorable(prep: PreparedChat, *, code: str, prefix: str) -> None:
@@ -84,13 +98,62 @@ async def complete_chat_with_logprobs(engine: Engine, prep: PreparedChat, admiss
 
 def stream_chat_with_logprobs(engine: Engine, prep: PreparedChat, admission: Admission | None, top: int | None,
                               timeout_s: float) -> AsyncIterator[dict[str, str]]:
-    """The streamed completion; asked-for logprobs arrive in one chunk after the last content chunk and
-    before the finish chunk (OpenAI clients append each chunk's logprobs.content)."""
-    async def logprobs_chunk(out: ChoiceOutput) -> list[str]:
-        lp = await chat_logprobs(engine, prep, out, top or 0, timeout_s)
-        return [json.dumps({"id": prep.id, "object": "chat.completion.chunk", "created": prep.created,
-                            "model": prep.model_id,
-                            "choices": [{"index": 0, "delta": {}, "logprobs": lp, "finish_reason": None}]},
-                           ensure_ascii=False)]
+    """The streamed completion; asked-for logprobs ride on the chunks whose tokens they score."""
+    if top is None:
+        return stream_chat(engine, prep, admission)
 
-    return stream_chat(engine, prep, admission, logprobs_chunk if top is not None else None)
+    async def annotate(events: AsyncIterator[dict[str, str]], out: ChoiceOutput) -> AsyncIterator[dict[str, str]]:
+        scored: list[dict[str, Any]] = []
+        held: list[tuple[dict[str, str], int]] = []   # (event, tokens generated when it was made)
+        attached = 0
+
+        async def score(generated: list[int]) -> None:
+            if len(generated) > len(scored):
+                scored.extend((await _content(engine, prep, generated, top, timeout_s))[len(scored):])
+
+        def release(upto: float) -> list[dict[str, str]]:
+            nonlocal attached
+            ready = []
+            while held and held[0][1] <= upto:
+                event, made_at = held.pop(0)
+                body = _chunk_body(event)
+                if body is not None and body["choices"] and "delta" in body["choices"][0]:
+                    mine = scored[attached:made_at]
+                    attached = max(attached, min(made_at, len(scored)))
+                    body["choices"][0]["logprobs"] = {"content": mine} if mine else None
+                    event = {"data": json.dumps(body, ensure_ascii=False)}
+                ready.append(event)
+            return ready
+
+        async for event in events:
+            body = _chunk_body(event)
+            if body is not None and body["choices"] and body["choices"][0].get("finish_reason") is not None:
+                await score(listed_tokens(out, prep.params[0].stop_token_ids))
+                for ready in release(float("inf")):
+                    yield ready
+                if scored[attached:]:
+                    yield {"data": json.dumps({"id": prep.id, "object": "chat.completion.chunk",
+                                               "created": prep.created, "model": prep.model_id, "choices": [
+                                                   {"index": 0, "delta": {}, "logprobs": {"content": scored[attached:]},
+                                                    "finish_reason": None}]}, ensure_ascii=False)}
+                    attached = len(scored)
+                yield event
+                continue
+            held.append((event, len(out.token_ids)))
+            if len(out.token_ids) - len(scored) >= STREAM_BLOCK_TOKENS:
+                await score(listed_tokens(out, prep.params[0].stop_token_ids))
+            for ready in release(len(scored)):
+                yield ready
+        for ready in release(float("inf")):
+            yield ready
+
+    return stream_chat(engine, prep, admission, annotate)
+
+
+def _chunk_body(event: dict[str, str]) -> dict[str, Any] | None:
+    """The chat.completion.chunk an SSE event carries, or None (timing events, errors, [DONE])."""
+    data = event.get("data", "")
+    if not data.startswith("{"):
+        return None
+    body = json.loads(data)
+    return body if body.get("object") == "chat.completion.chunk" else None

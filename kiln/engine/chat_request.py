@@ -195,7 +195,8 @@ def compile_output_grammar(ctx: PromptContext, fields: dict[str, Any], *, tools:
     counters = ctx.grammars().counters
     try:
         spec = output_grammar(fields, code=code, gbnf_to_lark=gbnf_to_lark)
-        forced = tool_grammar(tools, tool_choice, parallel_tool_calls, code=code, tag_ids=ctx.tool_tag_ids)
+        forced = tool_grammar(tools, tool_choice, parallel_tool_calls, code=code, tag_ids=ctx.tool_tag_ids,
+                              fmt=ctx.tool_format)
         if spec is not None and forced is not None and forced.kind == "tool_call":
             raise KilnError(400, code, f"{prefix}{spec.param} and tool_choice both constrain the output; "
                             "give one", param=spec.param,

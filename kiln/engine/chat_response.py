@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -258,17 +258,20 @@ def _delta(prep: PreparedChat, **delta: Any) -> dict[str, str]:
 
 
 async def stream_chat(engine: Engine, prep: PreparedChat, admission: Admission | None = None,
-                      before_finish: Callable[[ChoiceOutput], Awaitable[list[str]]] | None = None
+                      annotate: Callable[[AsyncIterator[dict[str, str]], ChoiceOutput],
+                                         AsyncIterator[dict[str, str]]] | None = None
                       ) -> AsyncIterator[dict[str, str]]:
     """SSE events (`{"data": ...}`) of a streamed chat completion, ending in `[DONE]`; a failure after
-    the first byte becomes an error event (a stream has no status code left to change). `before_finish`
-    may add chunk bodies (the /compat route's logprobs) between the last content and the finish chunk."""
+    the first byte becomes an error event (a stream has no status code left to change). `annotate` may
+    rewrite the events as they pass, reading the choice's output so far (the /compat route adds each
+    chunk's logprobs)."""
     engine.start_completion()
     out = ChoiceOutput()
     finishes: list[str] = []
     status, error = "error", None
     try:
-        async for item in _stream_events(engine, prep, out, finishes, admission, before_finish):
+        events = _stream_events(engine, prep, out, finishes, admission)
+        async for item in (annotate(events, out) if annotate is not None else events):
             yield item
         status = "ok"
     except KilnError as e:
@@ -288,9 +291,7 @@ async def stream_chat(engine: Engine, prep: PreparedChat, admission: Admission |
 
 
 async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, finishes: list[str],
-                         admission: Admission | None = None,
-                         before_finish: Callable[[ChoiceOutput], Awaitable[list[str]]] | None = None
-                         ) -> AsyncIterator[dict[str, str]]:
+                         admission: Admission | None = None) -> AsyncIterator[dict[str, str]]:
     inp = prep.inp
     # per-token timing events only when the request itself asks (semantics.md §4.8)
     timing = inp.include_performance is True
@@ -345,9 +346,6 @@ async def _stream_events(engine: Engine, prep: PreparedChat, out: ChoiceOutput, 
     metadata: dict[str, Any] = {"thinking_budget": prep.budget_record(out.outcome)}
     if timing:
         metadata["performance"] = _performance(prep, len(out.token_ids), finish)
-    if before_finish is not None:
-        for body in await before_finish(out):
-            yield {"data": body}
     yield {"data": _chunk(prep, [{"index": 0, "delta": {}, "finish_reason": finish}], metadata=metadata)}
     if inp.include_usage:
         yield {"data": _chunk(prep, [], usage=usage(len(prep.prompt_ids), len(out.token_ids)))}

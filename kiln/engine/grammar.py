@@ -2,9 +2,12 @@
 
 `GrammarCompiler.compile` turns a request's `OutputGrammar` (kiln.core.output_grammar) into a
 `CompiledGrammar` or a 400 naming the field: an unresolvable `$ref`, an unsatisfiable schema, a keyword
-llguidance cannot enforce, a Lark / regex error or a grammar past the limits. Compiled grammars are
-cached by the sha256 of the canonical grammar text; each choice starts from a copy of the cached
-matcher (`CompiledGrammar.start`), so n > 1 and repeated schemas pay the compile once.
+llguidance cannot enforce, a Lark / regex error, a grammar past the limits, or one whose compile runs past
+the wall-clock deadline (`COMPILE_TIMEOUT_S`). The compile runs on a worker thread (llguidance releases
+the GIL) and the caller waits for it until the deadline; a compile that misses it finishes in the
+background, bounded by the lexer fuel, and its grammar text is remembered so a repeat is refused at once.
+Compiled grammars are cached by the sha256 of the canonical grammar text; each choice starts from a copy
+of the cached matcher (`CompiledGrammar.start`), so n > 1 and repeated schemas pay the compile once.
 
 `GrammarState` is one choice's matcher. On a thinking prompt it waits until the reasoning block closes
 (the tokenizer's `</think>` ids) and only then constrains; from there every sampled token advances it.
@@ -15,6 +18,7 @@ releases the GIL: the runner overlaps it with the model forward).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
@@ -32,6 +36,10 @@ from kiln.errors import KilnError
 log = logging.getLogger("kiln.engine")
 
 CACHE_SIZE = 256
+# Wall-clock deadline of one compile: the limits below bound most of a compile's work, not all of it
+# (a schema with thousands of numeric ranges compiles for seconds inside them).
+COMPILE_TIMEOUT_S = 2.0
+COMPILE_WORKERS = 2
 # Compile limits: lexer fuel bounds compile time (llguidance burns ~50k units a millisecond, so about
 # 40 ms here); per-step fuel and Earley items bound one mask's cost.
 LIMITS = {"initial_lexer_fuel": 2_000_000, "step_lexer_fuel": 200_000, "step_max_items": 50_000,
@@ -74,12 +82,16 @@ class GrammarCounters:
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, counters: GrammarCounters | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, counters: GrammarCounters | None = None,
+                 timeout_s: float = COMPILE_TIMEOUT_S) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.timeout_s = timeout_s
         self._ll: Any = None
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, CompiledGrammar] = collections.OrderedDict()
+        self._timed_out: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._pool = concurrent.futures.ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="kiln-grammar")
         self.counters = counters or GrammarCounters()
 
     @property
@@ -101,14 +113,21 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
                 self.counters.cache_hits += 1
                 return CompiledGrammar(spec, hit.matcher, hit.compile_ms)
+            if key in self._timed_out:
+                raise _timeout(spec, self.timeout_s, code)
         ll = self.ll_tokenizer
         t0 = time.perf_counter()
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(spec.grammar, ll, limits=_limits())
-        if is_error:
-            raise _refusal(spec, messages[0] if messages else "the grammar is invalid", code)
-        matcher = llguidance.LLMatcher(ll, spec.grammar, log_level=0, limits=_limits())
-        if matcher.is_error():
-            raise _refusal(spec, matcher.get_error(), code)
+        future = self._pool.submit(_build, spec.grammar, ll)
+        try:
+            matcher, error = future.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                self._timed_out[key] = None
+                while len(self._timed_out) > CACHE_SIZE:
+                    self._timed_out.popitem(last=False)
+            raise _timeout(spec, self.timeout_s, code) from None
+        if error is not None:
+            raise _refusal(spec, error, code)
         compiled = CompiledGrammar(spec, matcher, (time.perf_counter() - t0) * 1000.0)
         with self._lock:
             self._cache[key] = compiled
@@ -117,6 +136,17 @@ class GrammarCompiler:
             self.counters.compiles += 1
             self.counters.compile_ms.append(compiled.compile_ms)
         return compiled
+
+
+def _build(grammar: str, ll: Any) -> tuple[Any, str | None]:
+    """(matcher, None), or (None, why llguidance refuses the grammar); runs on a compile worker."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll, limits=_limits())
+    if is_error:
+        return None, messages[0] if messages else "the grammar is invalid"
+    matcher = llguidance.LLMatcher(ll, grammar, log_level=0, limits=_limits())
+    if matcher.is_error():
+        return None, matcher.get_error()
+    return matcher, None
 
 
 class GrammarRefusal(KilnError):
@@ -128,7 +158,7 @@ class GrammarRefusal(KilnError):
 
 
 REFUSAL_REASONS = ("invalid_field", "unresolvable_ref", "unsatisfiable", "unsupported_feature", "limits",
-                   "regex_error", "compile_error")
+                   "timeout", "regex_error", "compile_error")
 
 
 def refusal_reason(message: str) -> str:
@@ -152,6 +182,13 @@ def _refusal(spec: OutputGrammar, message: str, code: str) -> GrammarRefusal:
         hint="Kiln refuses what it cannot enforce rather than ignore it; simplify the schema or grammar "
              "(supported JSON Schema: types, enum, const, required, properties, items, min/max, lengths, "
              "pattern, common formats, anyOf/oneOf/allOf, local $ref).")
+
+
+def _timeout(spec: OutputGrammar, timeout_s: float, code: str) -> GrammarRefusal:
+    return GrammarRefusal(
+        "timeout", 400, code,
+        f"{spec.param}: the output grammar did not compile within {timeout_s:g} s", param=spec.param,
+        hint="Simplify the schema or grammar: fewer alternatives, numeric ranges and patterns compile faster.")
 
 
 class GrammarState:

@@ -34,3 +34,4 @@ class PromptContext:
     policy: Callable[[], PolicyIdentity | None]                # rollout provenance identity
     tool_tag_ids: tuple[int, int] | None                       # `<tool_call>` / `</tool_call>` single ids
     close_think_ids: list[int]                                 # the tokenizer's encoding of `</think>`
+    tool_format: str = "json"                                  # the template's tool-call form (tool_grammar)

@@ -18,6 +18,7 @@ from kiln.core.prefill_pacer import auto_itl_target_ms
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN
+from kiln.core.tool_grammar import tool_call_format
 from kiln.engine.actor import ActorBridge, ChoiceEvent, EngineActor, EngineCounters, GenerationRequest
 from kiln.engine.adapter_resolver import AdapterResolver
 from kiln.engine.chat_template import ChatTemplate
@@ -328,7 +329,7 @@ class Engine:
                 decode=self.tokenizer.decode, choice_params=self.choice_params, resolve_adapter=self.resolve_adapter,
                 adapter_store=lambda: self.adapters.store if self.adapters is not None else None,
                 grammars=lambda: self.grammars, policy=self.policy, tool_tag_ids=self.tool_tag_ids,
-                close_think_ids=self.close_think_ids)
+                close_think_ids=self.close_think_ids, tool_format=tool_call_format(self.template.source))
         return self._prompt_context
 
     @property

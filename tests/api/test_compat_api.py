@@ -294,15 +294,33 @@ def test_compat_chat_without_logprobs_says_null(client):
     assert body["choices"][0]["logprobs"] is None
 
 
-def test_streamed_compat_chat_logprobs_equal_the_non_streamed_ones(client):
-    whole = client.post(CHAT_URL, json={**CHAT, "logprobs": True, "top_logprobs": 2}).json()
-    streamed = []
-    with client.stream("POST", CHAT_URL, json={**CHAT, "logprobs": True, "top_logprobs": 2, "stream": True}) as r:
+def streamed_chunks(client, body: dict) -> list[dict]:
+    chunks = []
+    with client.stream("POST", CHAT_URL, json={**body, "stream": True}) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                for c in json.loads(line[6:])["choices"]:
-                    streamed += (c.get("logprobs") or {}).get("content") or []
-    assert streamed == whole["choices"][0]["logprobs"]["content"]
+                chunks += json.loads(line[6:])["choices"]
+    return chunks
+
+
+def test_streamed_compat_chat_logprobs_equal_the_non_streamed_ones(client):
+    # more tokens than one scoring block, so the logprobs arrive in several rounds
+    body = {**CHAT, "max_tokens": 40, "logprobs": True, "top_logprobs": 2}
+    whole = client.post(CHAT_URL, json=body).json()["choices"][0]["logprobs"]["content"]
+    streamed = [item for c in streamed_chunks(client, body) for item in (c.get("logprobs") or {}).get("content") or []]
+    assert [i["token"] for i in streamed] == [i["token"] for i in whole] and len(whole) > 16
+    # a prefix scored alone agrees with the whole to float rounding
+    assert [i["logprob"] for i in streamed] == pytest.approx([i["logprob"] for i in whole], abs=1e-5)
+    assert [[t["token"] for t in i["top_logprobs"]] for i in streamed] == \
+        [[t["token"] for t in i["top_logprobs"]] for i in whole]
+
+
+def test_each_streamed_content_chunk_carries_the_logprobs_of_its_own_tokens(client):
+    chunks = streamed_chunks(client, {**CHAT, "max_tokens": 40, "logprobs": True})
+    content = [c for c in chunks if c.get("delta", {}).get("content")]
+    assert len(content) > 16
+    for c in content:
+        assert "".join(i["token"] for i in c["logprobs"]["content"]) == c["delta"]["content"]
 
 
 @pytest.mark.parametrize(("extra", "param"), [({"top_logprobs": 2}, "top_logprobs"),

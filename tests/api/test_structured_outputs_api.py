@@ -156,6 +156,18 @@ def test_constraints_that_cannot_be_met_are_400s_naming_the_field(client, fields
     refused(chat(client, **fields), param)
 
 
+def test_a_schema_that_compiles_past_the_deadline_is_a_400_naming_the_field(served, monkeypatch):
+    monkeypatch.setattr(served.state.engine.grammars, "timeout_s", 0.05)
+    slow = {"type": "array", "maxItems": 2000,
+            "prefixItems": [{"type": "integer", "minimum": i * 7919, "maximum": i * 104729 + 13} for i in range(2000)]}
+    err = refused(chat(served.client, response_format={"type": "json_schema", "json_schema": {
+        "name": "slow", "schema": slow}}), "response_format.json_schema.schema")
+    assert "did not compile within" in err["message"]
+    lines = dict(line.split(" ", 1) for line in served.client.get("/metrics").text.splitlines()
+                 if line.startswith("kiln_structured_refusals_total"))
+    assert float(lines['kiln_structured_refusals_total{reason="timeout"}']) >= 1
+
+
 def test_metrics_count_structured_requests_refusals_and_mask_time(client):
     ok(chat(client, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}))
     refused(chat(client, response_format={"type": "yaml"}), "response_format.type")

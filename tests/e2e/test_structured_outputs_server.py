@@ -1,6 +1,7 @@
 """Structured outputs and enforced tool calls on the embedded SmolLM2, through the official openai client
 unchanged: `chat.completions.parse` with a Pydantic model, tool_choice "required" and a named function,
-and a schema the grammar engine refuses surfacing as the client's BadRequestError."""
+and a schema the grammar engine refuses surfacing as the client's BadRequestError; LangChain's
+with_structured_output, Instructor (TOOLS and JSON_SCHEMA modes) and a pydantic-ai Agent on top of it."""
 
 from __future__ import annotations
 
@@ -118,6 +119,19 @@ def test_langchain_with_structured_output(server, model, method):
     llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model=model, temperature=0, max_tokens=120,
                      timeout=180)
     city = llm.with_structured_output(City, method=method).invoke("Describe Paris as a city record.")
+    assert isinstance(city, City) and city.name
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor_returns_the_response_model(client, model, mode):
+    import instructor
+
+    # TOOLS sends City as the one function under a named tool_choice; JSON_SCHEMA sends its schema as
+    # response_format {"type": "json_object", "schema": ...}
+    patched = instructor.from_openai(client, mode=getattr(instructor.Mode, mode))
+    city = patched.chat.completions.create(
+        model=model, response_model=City, max_retries=0, max_tokens=120, temperature=0,
+        messages=[{"role": "user", "content": "Describe Paris as a city record."}])
     assert isinstance(city, City) and city.name
 
 

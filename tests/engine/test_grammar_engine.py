@@ -17,7 +17,7 @@ from kiln.core.sampling import SamplingParams
 from kiln.core.tool_calls import extract_tool_calls
 from kiln.core.tool_grammar import tool_grammar
 from kiln.engine.actor import GenerationRequest
-from kiln.engine.grammar import GrammarRefusal
+from kiln.engine.grammar import GrammarCompiler, GrammarRefusal
 from kiln.errors import KilnError
 from kiln.model.sampler import Sampler, apply_token_masks
 
@@ -160,13 +160,29 @@ def test_a_thinking_prompts_grammar_starts_after_the_reasoning_closes(engine):
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "unresolvable_ref"),
     ({"type": "integer", "minimum": 5, "maximum": 2}, "unsatisfiable"),
     ({"type": "string", "format": "not-a-format"}, "unsupported_feature"),
-    ({"not": {"type": "string"}, "x-guidance": {"lenient": True}}, "unsupported_feature"),
+    ({"not": {"enum": ["a"]}, "x-guidance": {"lenient": True}}, "unsupported_feature"),
 ])
 def test_schemas_llguidance_cannot_enforce_are_400s_naming_the_field(engine, schema, reason):
     with pytest.raises(GrammarRefusal) as e:
         compiled(engine, json_schema_grammar(schema, kind="json_schema", param="response_format.json_schema.schema"))
     assert isinstance(e.value, KilnError) and e.value.status == 400
     assert e.value.param == "response_format.json_schema.schema" and e.value.reason == reason
+
+
+# thousands of numeric ranges: inside every compile limit, and seconds of compile
+PATHOLOGICAL = {"type": "array", "maxItems": 2000,
+                "prefixItems": [{"type": "integer", "minimum": i * 7919, "maximum": i * 104729 + 13} for i in range(2000)]}
+
+
+def test_a_grammar_that_compiles_past_the_deadline_is_a_400_naming_the_field(engine):
+    compiler = GrammarCompiler(engine.grammars.tokenizer, engine.grammars.vocab_size, timeout_s=0.05)
+    spec = json_schema_grammar(PATHOLOGICAL, kind="json_schema", param="response_format.json_schema.schema")
+    for _ in range(2):   # the second time without compiling again: the grammar is remembered
+        with pytest.raises(GrammarRefusal) as e:
+            compiler.compile(spec, code="chat_invalid_request")
+        assert e.value.status == 400 and e.value.reason == "timeout"
+        assert e.value.param == "response_format.json_schema.schema" and "did not compile within" in e.value.message
+    assert compiler.counters.compiles == 0
 
 
 def test_a_lark_grammar_that_does_not_compile_is_a_400(engine):
