@@ -227,6 +227,11 @@ def select_rows(p: PackedWeight, index: Tensor | Sequence[int]) -> PackedWeight:
 
 
 def concat(parts: Sequence[PackedWeight]) -> PackedWeight:
+    if all(p.out_features % TILE_ROWS == 0 for p in parts[:-1]):
+        # whole tiles stack as they are (a tile's 16 rows are independent of its neighbours)
+        return PackedWeight(parts[0].kind, sum(p.out_features for p in parts), parts[0].in_features,
+                            torch.cat([p.qs for p in parts]), torch.cat([p.scales for p in parts]),
+                            parts[0].float_act)
     return tile(parts[0].kind, parts[0].in_features, torch.cat([records(p) for p in parts]), parts[0].float_act)
 
 
