@@ -168,3 +168,11 @@ def test_the_load_time_packer_writes_the_same_tiles_as_the_reference_path(kind: 
     want = kquant.tile(kind, 512, rec if rows is None else rec[torch.tensor(rows)])
     assert got.out_features == want.out_features
     assert torch.equal(got.qs, want.qs) and torch.equal(got.scales, want.scales)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_dequantize_to_the_torch_paths_values(kind: str, dtype: torch.dtype) -> None:
+    pw = packed(kind, 37, 512, seed=9)
+    assert torch.equal(pw.dequantize(dtype), pw._dequantize_whole(dtype))

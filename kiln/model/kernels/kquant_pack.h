@@ -1,4 +1,4 @@
-// GGUF K-quant blocks into kquant tiles at load (see kquant_pack.cpp).
+// The K-quant tiles' codec: GGUF blocks into tiles, tiles into dense weights (see kquant_pack.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -15,5 +15,10 @@ namespace kiln {
 std::vector<torch::Tensor> kquant_tiles_from_gguf(const torch::Tensor& blocks, int64_t fmt, int64_t n, int64_t k,
                                                   const c10::optional<torch::Tensor>& rows, const torch::Tensor& perm,
                                                   int64_t super_bytes);
+
+// The dense [n, k] weight of kquant tiles (float32, or bfloat16 rounded from it), each value as
+// gguf.quants.dequantize computes it.
+torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
+                                int64_t k, bool bf16);
 
 }  // namespace kiln

@@ -1044,6 +1044,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kquant_tiles_from_gguf", &kiln::kquant_tiles_from_gguf, "GGUF K-quant blocks as kquant tiles (qs, scales)",
         py::arg("blocks"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("rows"), py::arg("perm"),
         py::arg("super_bytes"), py::call_guard<py::gil_scoped_release>());
+  m.def("kquant_dequantize", &kiln::kquant_dequantize, "the dense weight of kquant tiles", py::arg("qs"),
+        py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("bf16"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("best_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");
