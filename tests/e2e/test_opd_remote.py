@@ -66,6 +66,8 @@ def test_opd_from_a_remote_kiln_lowers_the_kl_to_it_and_caches_its_scores(server
     status = settled(servers["student"], first.json()["job_id"])
     assert status["state"] == "completed", status
     report = status["held_out"]
+    print(f"OPD from a remote Kiln (tiny model): KL {report['kl_to_teacher_before']} -> {report['kl_to_teacher_after']} "
+          f"in {status['elapsed_secs']} s")
     assert report["kl_to_teacher_after"] < 0.8 * report["kl_to_teacher_before"], report
     assert report["teacher_cache_hits"] == 0 and "from-remote" in adapters(servers)
 
