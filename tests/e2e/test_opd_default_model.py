@@ -2,9 +2,10 @@
 wearing an SFT-trained fact adapter ("the capital of Zorbania is Quillton") teaches a fresh student by
 off-policy distillation. The student's KL to the teacher falls several-fold and its answers to held-out
 phrasings take the teacher's form ("The capital of Zorbania is ..."). It does not come to name the fact
-itself within this budget (the KL stays near 0.9 nats per token; a likely cause, not yet measured per token:
-the reverse KL's gradient on a token the student gives almost no mass, the fact's first one, is nearly
-zero); the figures are printed."""
+itself within this budget: measured per token, all the remaining KL (about 9.5 nats) sits on the fact's
+first token " Qu", where the student keeps its mass on another of the teacher's top-K tokens and gives
+" Qu" almost none, so the reverse KL's gradient toward it is nearly zero; every other token matches the
+teacher. The figures are printed."""
 
 from __future__ import annotations
 
