@@ -10,6 +10,7 @@ with privileged context prepended to its system message: `conciseness` an instru
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from kiln.train.errors import invalid, row_invalid
 from kiln.train.opd import DistillItem, OpdWork, Teacher, TeacherCache
 from kiln.train.plan import TrainingPlan, _plan
 from kiln.train.post_eval import plan_post_eval
+from kiln.train.remote_teacher import RemoteTeacher
 from kiln.train.requests import DistillConfig, OpdRequest, SelfDistillRequest
 from kiln.train.sources import TrainingData, resolve_source
 
@@ -116,7 +118,8 @@ def _stats(work: OpdWork, data: TrainingData) -> dict[str, Any]:
 
 
 def resolve_teacher(alias: str, teachers: Any, engine: EngineView, adapters: Any) -> Teacher:
-    """A registered local teacher, still what it was when registered; 400 unknown or remote, 409 changed."""
+    """A registered teacher: a local one still what it was when registered (409 changed), or a remote one
+    (its key's environment variable set); 400 unknown."""
     if teachers is None:
         raise KilnError(503, "teacher_registry_unavailable", "the teacher registry is not available", param="teacher")
     try:
@@ -125,9 +128,8 @@ def resolve_teacher(alias: str, teachers: Any, engine: EngineView, adapters: Any
         raise invalid(f"teacher {alias!r} is not registered", param="teacher",
                       hint="GET /v1/teachers lists the teachers; POST /v1/teachers registers one.") from None
     identity = dict(record.get("identity") or {})
-    if record.get("kind") != "local":
-        raise invalid(f"teacher {alias!r} is remote, and distillation from remote teachers is not supported yet",
-                      param="teacher", hint="Register a local teacher (this base model, optionally with an adapter).")
+    if record.get("kind") == "remote":
+        return _remote(alias, record, identity)
     mine = engine.identity.base_model_sha256 if engine.identity is not None else None
     if identity.get("base_model_sha256") and mine and identity["base_model_sha256"] != mine:
         raise KilnError(409, "teacher_changed", f"teacher {alias!r} was registered on other base weights "
@@ -152,12 +154,25 @@ def resolve_teacher(alias: str, teachers: Any, engine: EngineView, adapters: Any
     return Teacher({"alias": alias, **identity}, dict(loaded.modules), rank, scales.pop() * rank, modules)
 
 
+def _remote(alias: str, record: dict[str, Any], identity: dict[str, Any]) -> Teacher:
+    env = record.get("api_key_env")
+    if env is not None and not os.environ.get(env):
+        raise invalid(f"teacher {alias!r} needs environment variable {env}, which is not set on this server",
+                      param="teacher", hint="Set it where the server starts.")
+    remote = RemoteTeacher(alias, record["url"], identity.get("model_id") or record.get("model_id"), env)
+    return Teacher({"alias": alias, **identity}, remote=remote)
+
+
 def plan_opd(req: OpdRequest, engine: EngineView, adapters: Any, datasets: Any, suites: Any = None, *,
              job_id: str | None = None, teachers: Any = None) -> TrainingPlan:
     """Teacher log-probs are cached beside the registry, `<data_dir>/teachers/logprob_cache/`."""
     cfg = req.config
     data = resolve_source("opd", req.prompts, req.dataset, req.dataset_split, req.dataset_path, datasets)
     teacher = resolve_teacher(req.teacher, teachers, engine, adapters)
+    if teacher.remote is not None and cfg.training_mode != "on_policy":
+        raise invalid(f"teacher {req.teacher!r} is remote: it scores the student's completions but writes none, "
+                      "so training_mode must be on_policy", param="config.training_mode",
+                      hint="Use training_mode on_policy, or a local teacher for off_policy.")
     items = _items(engine, cfg, data, lambda messages, reference, label: messages)
     post_eval = plan_post_eval(req.post_eval, cfg, _prompt_rows(data), suites, adapters)
     cache_root = Path(teachers.path).parent / "logprob_cache" if getattr(teachers, "path", None) else None

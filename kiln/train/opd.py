@@ -10,7 +10,9 @@ Both use the training forward without a KV cache (see `generate`), so a resumed 
 completions and the same teacher numbers again from the same start.
 
 The teacher is the same base model wearing its own factors (a registered local teacher's adapter, the bare
-base, or -- self-distillation -- the starting adapter itself) and may see a different prompt: self-
+base, or -- self-distillation -- the starting adapter itself), or a remote server that scores the
+student's completions over HTTP (`kiln.train.remote_teacher`; on_policy only, since it writes nothing),
+and may see a different prompt: self-
 distillation gives the teacher privileged context in its system message (an instruction to be concise, or
 the reference answer) and the student the prompt without it; the completion tokens are the same, so
 position i of the completion is scored by both.
@@ -48,6 +50,7 @@ from kiln.train.batch import collate
 from kiln.train.forward import final_hidden
 from kiln.train.loop import Cancelled
 from kiln.train.masks import MaskedSequence
+from kiln.train.remote_teacher import RemoteTeacher
 from kiln.train.trainable_lora import TrainableLora
 
 
@@ -77,6 +80,7 @@ class Teacher:
     alpha: float = 0.0
     modules: list[str] = field(default_factory=list)
     start: bool = False
+    remote: RemoteTeacher | None = None   # a remote teacher scores completions over HTTP; nothing runs here
 
     def delta(self, model: torch.nn.Module, start: LoraDelta) -> LoraDelta | None:
         if self.start:
@@ -214,6 +218,11 @@ class OpdWork:
             if hit is not None and hit[0].shape == (len(item.completion), self.top_k):
                 item.top_ids, item.top_logp = hit
                 self.cache_hits += 1
+            elif self.teacher.remote is not None:
+                item.top_ids, item.top_logp = self.teacher.remote.top_k(
+                    scored, len(item.teacher_prompt_ids), self.top_k, model.config.vocab_size)
+                if self.cache is not None:
+                    self.cache.put(scored, self.top_k, item.top_ids, item.top_logp)
             else:
                 top = _action_logp(model, teacher, [item], teacher_side=True).topk(self.top_k, -1)
                 item.top_ids, item.top_logp = top.indices.cpu(), top.values.cpu()

@@ -1,10 +1,12 @@
-// Training: submit an SFT job from inline examples or a dataset, or a DPO job from a judgment set, inline
-// pairs or a dataset; list jobs, and follow one with a live loss curve (DPO: reward margin and preference
-// accuracy too, then its held-out result), tokens/s, gate outcome and evidence; cancel a running job or
-// delete a finished one.
+// Training: submit an SFT job from inline examples or a dataset, a DPO job from a judgment set, inline
+// pairs or a dataset, or a distillation job (OPD, self-distillation: distill.js); list jobs, and follow one
+// with a live loss curve (DPO: reward margin and preference accuracy too, then its held-out result;
+// distillation: KL to the teacher), tokens/s, gate outcome and evidence; cancel a running job or delete a
+// finished one.
 
 import { ApiError, del, get, post, q } from "./api.js";
 import { lineChart } from "./charts.js";
+import { distillCard, distillView } from "./distill.js";
 import { act, card, clear, details, errorBox, field, fmtDuration, fmtNum, fmtPct, fmtTime, h, input, json, select, stateBadge, table, toast } from "./dom.js";
 
 const TERMINAL = ["completed", "failed", "cancelled"];
@@ -37,7 +39,12 @@ export async function render(root, ctx) {
   const jobsBox = h("div", { id: "train-jobs" });
   const detailBox = h("div", { id: "train-detail" });
   let selected = ctx.params.get("job");
-  root.append(err, h("div", { class: "cols wide-right" }, h("div", {}, await submitCard(), await dpoCard()), card("Jobs", jobsBox)), detailBox);
+  root.append(err, h("div", { class: "cols wide-right" }, h("div", {}, await submitCard(), await dpoCard(), await distillCard(follow)), card("Jobs", jobsBox)), detailBox);
+
+  function follow(jobId) {
+    selected = jobId;
+    ctx.go(`#/training?job=${q(jobId)}`);
+  }
 
   function configFields(prefix, defaults) {
     const out = {};
@@ -221,6 +228,7 @@ export async function render(root, ctx) {
         stat("progress", fmtPct(d.progress, 0))),
       h("div", { id: "loss-curve" }, lineChart([{ name: "loss", points }], { id: "loss-chart", yMin: 0, xLabel: "step", yLabel: "loss", height: 240 })),
       d.job_type === "dpo" ? preferenceView(d, stat) : null,
+      d.job_type === "opd" || d.job_type === "distill" ? distillView(d, stat) : null,
       d.error ? errorBox({ message: d.error }) : null,
       d.activation_error ? errorBox({ message: `activation: ${d.activation_error}` }) : null,
       d.post_eval_verdict ? h("p", { class: "verdict" }, d.post_eval_verdict) : null,

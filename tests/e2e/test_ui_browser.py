@@ -466,6 +466,39 @@ def test_a_judgment_set_trains_a_preference_adapter_from_the_data_page(server, b
     shoot(browser, "training-dpo", "#reward-chart")
 
 
+def run_distill_form(browser, server, card: str, prefix: str, output: str) -> tuple[dict, dict]:
+    """Fill a distillation form (two prompts, a short job), submit it and wait for its held-out KL."""
+    css(browser, f"#{card} summary").click()
+    set_value(css(browser, f"#{prefix}-prompts"), "What is the capital of Zorbania?\nName Zorbania's capital.")
+    set_value(css(browser, f"#{prefix}-output"), output)
+    set_value(css(browser, f"#{prefix}-epochs"), "3")
+    set_value(css(browser, f"#{prefix}-lr"), "0.01")
+    set_value(css(browser, f"#{prefix}-max-new"), "4")
+    set_value(css(browser, f"#{prefix}-rank"), "4")
+    css(browser, f"#{prefix}-submit").click()
+    wait(browser, lambda d: output in read(browser, "#train-detail", lambda e: e.text), what=f"{prefix} job")
+    css(browser, "#distill-held-out", timeout=180)   # shown once the job has ended
+    job = next(j for j in api(server, "GET", "/v1/train/status") if j["adapter_name"] == output)
+    return job, api(server, "GET", f"/v1/train/jobs/{job['job_id']}")
+
+
+def test_the_distillation_forms_start_opd_and_self_distillation_jobs_and_show_their_kl(server, browser):
+    api(server, "POST", "/v1/teachers", json={"alias": "ui-teacher", "kind": "local", "adapter": ADAPTER})
+    open_page(browser, server, "training", "#opd-submit")
+    choose(css(browser, "#opd-teacher"), "ui-teacher")
+    job, detail = run_distill_form(browser, server, "opd-card", "opd", "ui-opd")
+    assert job["state"] == "completed" and job["job_type"] == "opd" and job["training_data"]["teacher"] == "ui-teacher"
+    held = job["held_out"]
+    assert f"{held['kl_to_teacher_before']:.4f}" in read(browser, "#distill-held-out", lambda e: e.text)
+    assert int(read(browser, "#kl-chart", lambda e: e.get_attribute("data-points"))) == len(detail["loss_curve"]) > 0
+    shoot(browser, "training-opd", "#kl-chart")
+
+    open_page(browser, server, "training", "#self-submit")
+    job, detail = run_distill_form(browser, server, "self-card", "self", "ui-concise")
+    assert job["state"] == "completed" and job["training_data"]["self_distill_mode"] == "conciseness"
+    assert int(read(browser, "#kl-chart", lambda e: e.get_attribute("data-points"))) == len(detail["loss_curve"]) > 0
+
+
 def test_recent_requests_page_shows_the_table_or_says_the_route_is_missing(server, browser):
     has_route = httpx.get(server.url + "/v1/stats/recent-requests", timeout=10).status_code == 200
     # a request of its own, so the table has a row when this test runs alone

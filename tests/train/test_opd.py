@@ -164,10 +164,11 @@ def test_a_prompt_without_a_user_turn_is_a_400_naming_the_row(env, fact_teacher)
     assert (err.status, err.param) == (400, "prompts[1].messages")
 
 
-def test_a_remote_teacher_is_refused_as_not_supported_yet(env):
-    env[2].add({"alias": "far", "kind": "remote", "url": "http://127.0.0.1:9", "identity": {}})
+def test_a_remote_teacher_whose_key_is_not_set_is_a_400(env):
+    env[2].add({"alias": "far", "kind": "remote", "url": "http://127.0.0.1:9", "api_key_env": "KILN_UNSET_KEY_X",
+                "identity": {"model_id": "m"}})
     err = bad(env, {"prompts": ["hi"], "teacher": "far"})
-    assert (err.status, err.param) == (400, "teacher") and "not supported yet" in err.message
+    assert (err.status, err.param) == (400, "teacher") and "KILN_UNSET_KEY_X" in err.message
 
 
 def test_a_teacher_whose_adapter_changed_is_a_409(env, fact_teacher):
