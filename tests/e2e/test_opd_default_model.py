@@ -47,7 +47,7 @@ def answers(c: httpx.Client) -> list[str]:
     return out
 
 
-def test_off_policy_opd_from_a_fact_teacher_teaches_the_student_the_fact_on_the_default_model(tmp_path):
+def test_off_policy_opd_from_a_fact_teacher_moves_the_student_to_the_teachers_answer_form_on_the_default_model(tmp_path):
     server = start_server(None, tmp_path)
     try:
         c = httpx.Client(base_url=server.url, timeout=600)
