@@ -27,3 +27,33 @@ def test_a_changed_source_gets_a_new_name(monkeypatch, tmp_path):
     before = kernels.extension_name()
     kernels.SOURCES[0].write_text(kernels.SOURCES[0].read_text() + "\n// changed\n")
     assert kernels.extension_name() != before
+
+
+def test_a_lock_left_by_a_killed_build_is_removed(tmp_path) -> None:
+    import os
+    import time
+
+    from kiln.model import kernels
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not kernels._clear_stale_lock(tmp_path)        # fresh: a build may be starting
+    old = time.time() - kernels.STALE_LOCK_SECS - 5
+    os.utime(lock, (old, old))
+    assert kernels._clear_stale_lock(tmp_path)
+    assert not lock.exists()
+
+
+def test_a_lock_whose_build_is_running_stays(tmp_path, monkeypatch) -> None:
+    import os
+    import time
+
+    from kiln.model import kernels
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - kernels.STALE_LOCK_SECS - 5
+    os.utime(lock, (old, old))
+    monkeypatch.chdir(tmp_path)   # this process "builds" there, as ninja would
+    assert not kernels._clear_stale_lock(tmp_path)
+    assert lock.exists()

@@ -286,10 +286,43 @@ def extension_name() -> str:
     return f"kiln_kernels_{digest.hexdigest()[:12]}"
 
 
+STALE_LOCK_SECS = 120
+
+
+def _clear_stale_lock(build_dir: Path) -> bool:
+    """Remove the build lock a killed build left behind, else the next process waits on it forever:
+    torch's builder holds `lock` (created exclusively, never refreshed) while ninja compiles in the
+    build directory. A lock older than STALE_LOCK_SECS with no process working in that directory (on
+    Linux, one whose cwd it is: ninja and the compilers it starts) belongs to nobody."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    proc = Path("/proc")
+    if age < STALE_LOCK_SECS or not proc.is_dir():
+        return False
+    target = str(build_dir.resolve())
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd") == target:
+                    return False
+            except OSError:
+                continue
+    log.warning("kiln: removing a stale kernel build lock (%.0f s old, no build running): %s", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
     _put_ninja_on_path()
+    try:
+        _clear_stale_lock(Path(cpp_extension._get_build_directory(extension_name(), verbose=False)))
+    except Exception as e:  # a private torch helper: never let the check itself stop a build
+        log.debug("kiln: stale-lock check skipped: %s", e)
     log.info("kiln: preparing the C++ kernels (compiled on first use, then cached)")
     start = time.perf_counter()
     module = cpp_extension.load(
