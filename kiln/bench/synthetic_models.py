@@ -143,8 +143,9 @@ def prepare(spec: SyntheticSpec, find_quantize: Callable[[], str | None], direct
 
 
 def _remove_stale(directory: Path, size: str, kind: str) -> None:
-    """Files of the same size and type that an earlier generator wrote (their stamp differs)."""
+    """Files of the same size and type that an earlier generator wrote (their stamp differs), and what
+    a server kept beside them (its `.kiln-identity.json`)."""
     current = file_name(size, kind)
-    for old in directory.glob(f"kiln-synthetic-{size}-{kind}-*.gguf"):
-        if old.name != current:
+    for old in directory.glob(f"kiln-synthetic-{size}-{kind}-*.gguf*"):
+        if not old.name.startswith(current):
             old.unlink(missing_ok=True)

@@ -140,10 +140,12 @@ def test_a_changed_generator_replaces_its_stale_files(tmp_path, tiny_f16, fake_q
     cache = _cache_with_f16(tmp_path, tiny_f16)
     stale = cache / file_name("tiny", "q4_k_m", stamp="00000000")
     stale.write_bytes(b"old")
+    sidecar = cache / (stale.name + ".kiln-identity.json")
+    sidecar.write_text("{}")
     other = cache / file_name("1b", "q4_k_m", stamp="00000000")
     other.write_bytes(b"another size")
     prepare(SyntheticSpec("tiny", "q4_k_m"), lambda: str(fake_quantize), cache, log=lambda _m: None)
-    assert not stale.exists() and other.exists()
+    assert not stale.exists() and not sidecar.exists() and other.exists()
 
 
 def _isolated(monkeypatch, root: Path) -> None:
