@@ -43,13 +43,16 @@ browser:
 	  fi; \
 	fi
 
-# llama.cpp's libllama and a small harness (tools/llamacpp/), the reference side of the LoRA-export
-# test (tests/adapters/test_export_llamacpp.py): built from the llama-cpp-python sdist, ~2 minutes once,
-# cached under ~/.cache/kiln-llama-server. Without it that test skips (CI sets KILN_REQUIRE_LLAMACPP=1).
+# llama.cpp's libllama and two small harnesses on it (tools/llamacpp/): next-token logits, the reference
+# side of the LoRA-export and K-quant tests (tests/adapters/test_export_llamacpp.py,
+# tests/model/test_requantized_vs_llamacpp.py), and llama-quantize's plain form, which writes the K-quant
+# files those compare on: built from the llama-cpp-python sdist, ~2 minutes once, cached under
+# ~/.cache/kiln-llama-server. Without them those tests skip (CI sets KILN_REQUIRE_LLAMACPP=1).
 llamacpp: $(STAMP)
-	@echo "llama.cpp's libllama for the LoRA-export test: reusing the cached build, or building it (~2 min)"
-	@PY=$(BIN)/python tools/build-llamacpp logits >/dev/null 2>.llamacpp-build.log \
-	  || { tail -20 .llamacpp-build.log; echo "could not build llama.cpp (log: .llamacpp-build.log): the LoRA export test will skip"; }
+	@echo "llama.cpp's libllama for the llama.cpp reference tests: reusing the cached build, or building it (~2 min)"
+	@{ PY=$(BIN)/python tools/build-llamacpp logits && PY=$(BIN)/python tools/build-llamacpp quantize; } \
+	  >/dev/null 2>.llamacpp-build.log \
+	  || { tail -20 .llamacpp-build.log; echo "could not build llama.cpp (log: .llamacpp-build.log): the llama.cpp reference tests will skip"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check kiln tests benchmarks

@@ -75,13 +75,13 @@ def locate(isa: str, explicit: str | None = None, build_script: str | None = Non
             return Located(str(cached), f"built earlier by the build script (cache, ISA={build})")
     script = build_script or os.environ.get(BUILD_ENV)
     if script:
-        return _build(isa, script)
+        return run_build_script(isa, script)
     flag = "--llama-server" if isa == "native" else "--llama-server-avx2"
     return Located(None, f"no {BINARY} ({isa}) found: pass {flag} PATH, put {BINARY} on PATH, or name the "
                          "build script with --build-llama-server (e.g. the repo's tools/build-llama-server)")
 
 
-def _build(isa: str, script: str) -> Located:
+def run_build_script(isa: str, script: str) -> Located:
     if not Path(script).is_file():
         return Located(None, f"build script {script} does not exist")
     proc = subprocess.run([script], env={**os.environ, "ISA": isa}, capture_output=True, text=True, check=False)

@@ -18,6 +18,7 @@ def default_threads() -> int:
 @dataclass(frozen=True)
 class BenchOptions:
     model_path: str
+    synthetic: str | None = None         # what --synthetic made model_path, in words
     quick: bool = False
     skip_reference: bool = False
     only: tuple[str, ...] = ()          # measurement names; empty = all
@@ -80,7 +81,7 @@ class BenchOptions:
         quant = ("set by the running server" if self.kiln_url else
                  ", ".join(f"{q} (kiln serve --quantization {q})" for q in self.kiln_quantizations))
         return {
-            "model": self.model_path,
+            "model": self.model_path + (f" ({self.synthetic})" if self.synthetic else ""),
             "Kiln weights": quant,
             "mode": "quick" if self.quick else "full",
             "generated tokens per request": f"{self.max_tokens} (temperature 0, ignore_eos)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,7 +21,15 @@ def register(sub) -> None:
         "llama-server built for AVX2. Kiln alone: streams spread over 4 adapters vs base-model streams, and live "
         "training (the learning loop, training tokens/s, ITL while training).",
     )
-    p.add_argument("--model", help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--model", help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)")
+    which.add_argument("--synthetic", metavar="SIZE[:TYPE]", help="bench a random-weight GGUF with a real model's "
+                       "shapes instead of --model: SIZE 0.5b, 1b (Llama 3.2 1B), 3b (Llama 3.2 3B) or 8b (Llama "
+                       "3.1 8B), all with the embedded tokenizer; TYPE q4_k_m (default), q5_k_m, q6_k, q8_0 or "
+                       "f16. The F16 file is written by kiln.bench.synthetic_gguf and turned into TYPE by "
+                       "llama.cpp's own llama-quantize (taken beside the llama-server the bench uses, or built "
+                       "by --build-llama-server), then benched exactly as --model PATH would be. Both files are "
+                       "cached under $KILN_BENCH_MODELS or ~/.cache/kiln/bench-models (an 8b F16 file is 16 GB)")
     p.add_argument("--quick", action="store_true", help="fewer tokens and requests (a few minutes per engine)")
     p.add_argument("--skip-reference", action="store_true", help="measure Kiln only")
     p.add_argument("--llama-server", metavar="PATH", help="llama-server binary for the CPU's own ISA (default: "
@@ -47,15 +56,18 @@ def register(sub) -> None:
     p.set_defaults(func=_run)
 
 
-def _options(args):
+def _options(args, log=print):
     from kiln.bench.options import BenchOptions
 
-    model = args.model
-    if model is None:
+    model, synthetic = args.model, None
+    if args.synthetic is not None:
+        model, synthetic = _synthetic_model(args, log)
+    elif model is None:
         from kiln.model.loader import default_model_path
 
         model = str(default_model_path())
     overrides: dict[str, object] = {
+        "synthetic": synthetic,
         "skip_reference": args.skip_reference, "out": Path(args.out),
         "only": tuple(name.strip() for name in args.only.split(",") if name.strip()),
         "kiln_url": args.kiln_url.rstrip("/") if args.kiln_url else None,
@@ -78,6 +90,35 @@ def _options(args):
     return BenchOptions.preset(model, quick=args.quick, **overrides)
 
 
+def _synthetic_model(args, log) -> tuple[str, str]:
+    """(path, description) of --synthetic's cached GGUF, made first where missing (see
+    kiln/bench/synthetic_models.py); llama-quantize is looked for beside the llama-server the bench
+    uses only when the quantized file has to be made."""
+    from kiln.bench import llama_server, synthetic_models
+    from kiln.bench.options import default_threads
+
+    spec = synthetic_models.SyntheticSpec.parse(args.synthetic)
+
+    def find_quantize() -> str | None:
+        from kiln.model import kernels
+
+        server = llama_server.locate("native", args.llama_server, args.build_llama_server,
+                                     best=kernels.cpu_isas()[-1])
+        found = synthetic_models.locate_quantize(server.path)
+        script = args.build_llama_server or os.environ.get(llama_server.BUILD_ENV)
+        if found.path is None and script and server.how.startswith("built earlier"):
+            # a cached llama-server from before the build script made llama-quantize beside it: the
+            # script, run again, builds llama-quantize (a cached llama-server counts only beside it)
+            rebuilt = llama_server.run_build_script("native", script)
+            found = synthetic_models.locate_quantize(rebuilt.path) if rebuilt.path else found
+        log(f"llama-quantize: {found.path} ({found.how})" if found.path else found.how)
+        return found.path
+
+    threads = args.threads if args.threads and args.threads > 0 else default_threads()
+    path = synthetic_models.prepare(spec, find_quantize, threads=threads, log=log)
+    return str(path), spec.describe()
+
+
 def _raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -94,7 +135,7 @@ def _run(args) -> int:
     # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped on the way out.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        options = _options(args)
+        options = _options(args, log=lambda msg: console.print(f"[dim]{msg}[/]"))
         result = run_bench(options, log=lambda msg: console.print(f"[dim]{msg}[/]"),
                            checkpoint=lambda partial: write_results(partial, options.out))
     except KilnError as e:

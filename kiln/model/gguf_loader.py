@@ -24,7 +24,9 @@ from kiln.model.quant import (
 )
 
 Q = GGMLQuantizationType
-SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# Q5_0 / Q5_1: llama-quantize's fallback for a Q4_K / Q5_K tensor whose rows are not whole superblocks of
+# 256 (every K=576 projection of SmolLM2-135M's Q4_K_M / Q5_K_M): dequantized at load, served dense
+SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -168,17 +168,17 @@ def test_gguf_metadata_is_plain_python(tmp_path: Path, llama_hf: torch.nn.Module
 
 
 def test_unsupported_quant_type_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "q5.gguf"
+    path = tmp_path / "q2_k.gguf"
     writer = GGUFWriter(str(path), "llama")
     for key, value in [("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 64),
                        ("attention.head_count", 4), ("context_length", 64), ("vocab_size", 32)]:
         writer.add_uint32(f"llama.{key}", value)
-    writer.add_tensor("token_embd.weight", np.zeros((32, 2 * 22), dtype=np.uint8), raw_dtype=Q.Q5_0)
+    writer.add_tensor("token_embd.weight", np.zeros((32, 84), dtype=np.uint8), raw_dtype=Q.Q2_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match=r"Q5_0.*supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"):
+    with pytest.raises(UnsupportedModelError, match=r"Q2_K.*supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"):
         load_weights(path, "float32")
 
 
@@ -204,7 +204,8 @@ def test_every_supported_type_reads_like_gguf_reader(tmp_path: Path) -> None:
     w = rng.standard_normal((4, 256)).astype(np.float32)
     writer.add_tensor("f32", w)
     writer.add_tensor("f16", w.astype(np.float16))
-    for q in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+    # Q5_0 / Q5_1: what llama-quantize writes for a K-quant tensor whose rows are not whole superblocks
+    for q in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
         writer.add_tensor(q.name.lower(), quantize(w, q), raw_dtype=q)
     # K-quants cannot be produced by gguf.quants: random blocks still exercise shapes and offsets
     writer.add_tensor("q4_k", rng.integers(0, 255, (3, 144), dtype=np.uint8), raw_dtype=Q.Q4_K)

@@ -1,10 +1,11 @@
 // Next-token log-probabilities from llama.cpp itself, with LoRA adapters applied: the reference side
 // of tests/adapters/test_export_llamacpp.py. Built against libllama by tools/build-llamacpp.
 //
-//   kiln-llama-logits MODEL.gguf TOP [--lora ADAPTER.gguf [--scale S]] -- ID ID ID ...
+//   kiln-llama-logits MODEL.gguf TOP [--lora ADAPTER.gguf [--scale S]] [--raw] -- ID ID ID ...
 //
 // Feeds the token ids (no tokenizer involved, so both sides score the same ids) in one batch and
-// prints the TOP most likely next tokens after the last one, one "id<TAB>logprob" line each, best first.
+// prints the TOP most likely next tokens after the last one, one "id<TAB>logprob" line each, best first
+// (with --raw, "id<TAB>logit": the logits themselves, not shifted by their log-sum-exp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,7 +22,7 @@ static void quiet(ggml_log_level level, const char* text, void*) {
 }
 
 static int usage() {
-  std::fputs("usage: kiln-llama-logits MODEL.gguf TOP [--lora ADAPTER.gguf [--scale S]] -- ID ...\n", stderr);
+  std::fputs("usage: kiln-llama-logits MODEL.gguf TOP [--lora ADAPTER.gguf [--scale S]] [--raw] -- ID ...\n", stderr);
   return 2;
 }
 
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   const int top = std::atoi(argv[2]);
   const char* lora_path = nullptr;
   float scale = 1.0f;
+  bool raw = false;
   std::vector<llama_token> ids;
   int i = 3;
   for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
       lora_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--scale") && i + 1 < argc) {
       scale = std::strtof(argv[++i], nullptr);
+    } else if (!std::strcmp(argv[i], "--raw")) {
+      raw = true;
     } else {
       return usage();
     }
@@ -83,7 +87,7 @@ int main(int argc, char** argv) {
   const float* logits = llama_get_logits_ith(ctx, -1);
   double mx = *std::max_element(logits, logits + n_vocab), sum = 0.0;
   for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(logits[v]) - mx);
-  const double lse = mx + std::log(sum);
+  const double lse = raw ? 0.0 : mx + std::log(sum);
   std::vector<int> order(n_vocab);
   std::iota(order.begin(), order.end(), 0);
   const int k = std::min(top, n_vocab);
