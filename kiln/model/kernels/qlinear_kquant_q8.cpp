@@ -1,6 +1,7 @@
-// K-quant weights (GGUF Q4_K, Q5_K, Q6_K) with 8-bit activations: llama.cpp's arithmetic on the same
-// tiles qlinear_kquant.cpp reads (kquant_tiles.h). The activations are quantized per group of 32 as
-// qlinear.cpp quantizes them for q4_1 (int8, scale xd = amax / 127, xs = xd * the group's int8 sum), so
+// K-quant weights (GGUF Q4_K, Q5_K, Q6_K) with 8-bit activations, as llama.cpp multiplies them, on the
+// same tiles qlinear_kquant.cpp reads (kquant_tiles.h). The activations are quantized per group of 32 as
+// qlinear.cpp quantizes them for q4_1 (int8, scale xd = amax / 127, xs = xd * the group's int8 sum; llama.cpp's
+// Q8_K rounds per 256 with one scale, so its logits are near these, not equal), so
 // each group of each output row is one integer dot product of the stored codes with the int8
 // activations (AVX512-VNNI vpdpbusd; AVX2 maddubs + madd; exact in int32 everywhere), then float32:
 //   Q4_K / Q5_K, codes q (0..15 / 0..31), group g with scale sc and min m:
