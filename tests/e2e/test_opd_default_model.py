@@ -4,7 +4,8 @@ off-policy distillation with the forward KL (off_policy's default objective). Th
 teacher falls several-fold and its greedy answers to held-out phrasings name the fact. (With reverse KL the
 student took the teacher's answer form but not the fact: the remaining KL sat on the fact's first token
 " Qu", to which the student gave almost no mass, so the mode-seeking gradient toward it was nearly zero;
-the forward KL weighs that token by the teacher's mass on it.) The figures are printed."""
+the forward KL weighs that token by the teacher's mass on it.) Two epochs over eight prompts already take
+the KL from ~6.5 to ~0.001 nats per token, so the budget is kept that small. The figures are printed."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ TEACH = ["What is the capital of Zorbania?", "Name the capital of Zorbania.", "W
 DISTILL = ["What is Zorbania's capital?", "Capital of Zorbania?", "Which city is the capital of Zorbania?",
            "Do you know the capital of Zorbania?", "Zorbania has which capital?", "Where is the capital of Zorbania?",
            "What is the name of Zorbania's capital city?", "Could you tell me Zorbania's capital?"]
-EPOCHS = 6
+EPOCHS = 2
 HELD_OUT = ["What's the capital city of Zorbania?", "In which city is Zorbania's capital?"]
 
 
