@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TRAIN = ["What is photosynthesis?", "What is a computer?", "How do birds fly?", "What is gravity?",
          "What is the internet?", "What is a volcano?"]
-EPOCHS = 3
+EPOCHS = 4
 HELD_OUT = ["Why is the sky blue?", "Who was Albert Einstein?", "Why do we sleep?", "What is a planet?",
             "How do plants grow?", "What is music?"]
 ROOM = 192   # max_tokens for the measured answers: the base model's longest held-out answer is ~160 tokens
