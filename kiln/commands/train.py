@@ -65,12 +65,15 @@ def register(sub) -> None:
                      help="do not load the new adapter unless it beats its start on at least F of the held-out pairs")
     dpo.set_defaults(func=lambda a: run_client_command(_submit_dpo, a))
 
-    opd = cmds.add_parser("opd", help="distill a registered teacher into the student (reverse KL over its top-K)",
+    opd = cmds.add_parser("opd", help="distill a registered teacher into the student (a KL over its top-K)",
                           epilog=EXIT_HELP)
     _source_args(opd, "JSONL of prompts: strings, {\"messages\": [...]} or {\"prompt\": ...}")
     opd.add_argument("--teacher", required=True, help="a registered teacher's alias (kiln teachers list)")
     opd.add_argument("--mode", dest="training_mode", choices=("on_policy", "off_policy"),
                      help="who writes the completions: the student (default) or the teacher")
+    opd.add_argument("--objective", choices=("reverse_kl", "forward_kl", "jsd"),
+                     help="the divergence to the teacher the loss minimises (default: reverse_kl on_policy, "
+                          "forward_kl off_policy)")
     _distill_args(opd)
     _common_args(opd)
     opd.set_defaults(func=lambda a: run_client_command(_submit_opd, a))
@@ -198,7 +201,7 @@ def build_body(args, inline_key: str) -> dict[str, Any]:
     if args.no_auto_load:
         config["auto_load"] = False
     for key in ("kl_coeff", "clip_epsilon", "kl_estimator", "beta", "loss_type", "heldout_percent",
-                "min_heldout_win_rate", "training_mode", "top_k", "samples_per_prompt", "max_new_tokens",
+                "min_heldout_win_rate", "training_mode", "objective", "top_k", "samples_per_prompt", "max_new_tokens",
                 "temperature"):
         if getattr(args, key, None) is not None:
             config[key] = getattr(args, key)

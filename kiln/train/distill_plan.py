@@ -94,12 +94,12 @@ def _items(engine: EngineView, cfg: DistillConfig, data: TrainingData,
 
 
 def _work(engine: EngineView, cfg: DistillConfig, items: list[DistillItem], teacher: Teacher, mode: str,
-          cache_root: Path | None) -> OpdWork:
+          cache_root: Path | None, objective: str = "reverse_kl") -> OpdWork:
     longest = max(max(len(i.prompt_ids), len(i.teacher_prompt_ids)) for i in items)
     max_new = min(cfg.max_new_tokens, cfg.max_seq_len - longest)
     stop = set(engine.tokenizer.eos_token_ids or [])
     cache = TeacherCache(cache_root, teacher.identity) if cache_root is not None else None
-    return OpdWork(items, teacher, mode, cfg.top_k, max_new, cfg.temperature, cfg.seed, stop, cache)
+    return OpdWork(items, teacher, mode, cfg.top_k, max_new, cfg.temperature, cfg.seed, stop, cache, objective)
 
 
 def _prompt_rows(data: TrainingData) -> TrainingData:
@@ -114,7 +114,7 @@ def _prompt_rows(data: TrainingData) -> TrainingData:
 
 def _stats(work: OpdWork, data: TrainingData) -> dict[str, Any]:
     return {"prompts": len(data.rows), "completions": len(work.items), "top_k": work.top_k,
-            "max_new_tokens": work.max_new_tokens, "mode": work.mode}
+            "max_new_tokens": work.max_new_tokens, "mode": work.mode, "objective": work.objective}
 
 
 def resolve_teacher(alias: str, teachers: Any, engine: EngineView, adapters: Any) -> Teacher:
@@ -176,7 +176,7 @@ def plan_opd(req: OpdRequest, engine: EngineView, adapters: Any, datasets: Any, 
     items = _items(engine, cfg, data, lambda messages, reference, label: messages)
     post_eval = plan_post_eval(req.post_eval, cfg, _prompt_rows(data), suites, adapters)
     cache_root = Path(teachers.path).parent / "logprob_cache" if getattr(teachers, "path", None) else None
-    work = _work(engine, cfg, items, teacher, cfg.training_mode, cache_root)
+    work = _work(engine, cfg, items, teacher, cfg.training_mode, cache_root, cfg.objective or "reverse_kl")
     stats = {**_stats(work, data), "teacher": req.teacher}
     return _plan("opd", cfg, work, data, adapters, stats, post_eval=post_eval, job_id=job_id)
 

@@ -1,5 +1,5 @@
 """Distillation from a teacher (OPD) and self-distillation: the student learns the teacher's per-token
-distribution on completions, by reverse KL over the teacher's top-K tokens.
+distribution on completions, by a divergence (reverse KL, forward KL or JSD) over the teacher's top-K tokens.
 
 Items are (prompt, sample) pairs. Before the first step (`prepare`, on the job's starting factors) each
 item gets its completion and the teacher's top-K log-probabilities at every completion (action) token:
@@ -29,6 +29,14 @@ tail bucket pulls that mass to the teacher's, so argmax agrees too; it needs onl
 unnormalised top-K log-probs, which every top-K source returns. `student_topk_mass` (the student's mass
 on S) is reported per step. The step loss is the mean over the step's action tokens, so the loss is the
 KL to the teacher; `evaluate` reports it before (the starting adapter) and after training.
+
+`objective` picks the divergence on the same K + 1 outcomes (`topk_divergence`): reverse_kl above (the
+default on-policy), forward_kl KL(t || s) (the default off-policy) or jsd. Reverse KL's gradient on a
+token's logit is scaled by the student's own mass there, so on the teacher's text a token the teacher
+favours and the student all but excludes (a fact new to the student) barely moves: on SmolLM2 the student
+took the fact teacher's answer form but not the fact. Forward KL is a cross-entropy to the teacher's
+distribution, its gradient p_s - p_t, and pulls that token up. Whatever the objective, `kl_to_teacher`
+(per step, and before / after in `evaluate`) is the reverse KL, so runs compare on one measure.
 """
 
 from __future__ import annotations
@@ -134,12 +142,33 @@ def _rest(logp: Tensor) -> Tensor:
     return torch.log((1.0 - logp.exp().sum(-1)).clamp_min(1e-12))
 
 
+OBJECTIVES = ("reverse_kl", "forward_kl", "jsd")
+
+
 def topk_kl(student_logp: Tensor, top_ids: Tensor, top_logp: Tensor) -> tuple[Tensor, Tensor]:
     """Per-token reverse KL over the teacher's top-K plus the rest bucket, and the student's mass on the K."""
     gathered = student_logp.gather(-1, top_ids)
     s_rest, t_rest = _rest(gathered), _rest(top_logp)
     kl = (gathered.exp() * (gathered - top_logp)).sum(-1) + s_rest.exp() * (s_rest - t_rest)
     return kl, gathered.exp().sum(-1)
+
+
+def topk_divergence(objective: str, student_logp: Tensor, top_ids: Tensor, top_logp: Tensor) -> Tensor:
+    """Per-token divergence `objective` between the two distributions coarsened to the teacher's top-K plus
+    the rest bucket: reverse_kl KL(s || t) (as `topk_kl`), forward_kl KL(t || s), jsd the Jensen-Shannon
+    divergence (KL(s || m) + KL(t || m)) / 2 with m the mixture (s + t) / 2."""
+    if objective == "reverse_kl":
+        return topk_kl(student_logp, top_ids, top_logp)[0]
+    gathered = student_logp.gather(-1, top_ids)
+    s_rest, t_rest = _rest(gathered), _rest(top_logp)
+    if objective == "forward_kl":
+        return (top_logp.exp() * (top_logp - gathered)).sum(-1) + t_rest.exp() * (t_rest - s_rest)
+    if objective == "jsd":
+        s = torch.cat([gathered, s_rest[..., None]], -1)
+        t = torch.cat([top_logp, t_rest[..., None]], -1)
+        m = torch.logaddexp(s, t) - torch.log(torch.tensor(2.0, device=s.device))
+        return 0.5 * ((s.exp() * (s - m)).sum(-1) + (t.exp() * (t - m)).sum(-1))
+    raise ValueError(f"unknown OPD objective {objective!r}")
 
 
 class TeacherCache:
@@ -186,7 +215,9 @@ class OpdWork:
     seed: int
     stop_ids: set[int]
     cache: TeacherCache | None = None
+    objective: str = "reverse_kl"        # the loss: reverse_kl | forward_kl | jsd (see topk_divergence)
     kl_before: float | None = None
+    objective_before: float | None = None
     cache_hits: int = 0
 
     @property
@@ -228,7 +259,7 @@ class OpdWork:
                 item.top_ids, item.top_logp = top.indices.cpu(), top.values.cpu()
                 if self.cache is not None:
                     self.cache.put(scored, self.top_k, item.top_ids, item.top_logp)
-        self.kl_before = self.mean_kl(model, lora)
+        self.kl_before, self.objective_before = self.mean_kl(model, lora)
 
     def loss(self, model: torch.nn.Module, lora: LoraDelta, items: Sequence[DistillItem], normalizer: int,
              memo: dict[str, Any]) -> tuple[Tensor, dict[str, float]]:
@@ -237,25 +268,38 @@ class OpdWork:
         top = torch.cat([it.top_logp for it in items]).to(logp.device)        # type: ignore[misc]
         kl, mass = topk_kl(logp, ids, top)
         n = max(normalizer, 1)
-        return kl.sum() / n, {"kl_to_teacher": float(kl.detach().sum()) / n,
-                              "student_topk_mass": float(mass.detach().sum()) / n}
+        metrics = {"kl_to_teacher": float(kl.detach().sum()) / n, "student_topk_mass": float(mass.detach().sum()) / n}
+        if self.objective == "reverse_kl":
+            return kl.sum() / n, metrics
+        div = topk_divergence(self.objective, logp, ids, top)
+        return div.sum() / n, {**metrics, self.objective: float(div.detach().sum()) / n}
 
     @torch.no_grad()
-    def mean_kl(self, model: torch.nn.Module, lora: LoraDelta | None) -> float:
-        total, count = 0.0, 0
+    def mean_kl(self, model: torch.nn.Module, lora: LoraDelta | None) -> tuple[float, float]:
+        """Token means of the reverse KL to the teacher and of the objective (the same for reverse_kl)."""
+        total, objective, count = 0.0, 0.0, 0
+        device = next(model.parameters()).device
         for item in self.items_:
-            kl, _ = topk_kl(_action_logp(model, lora, [item]), item.top_ids.to(next(model.parameters()).device),  # type: ignore[union-attr]
-                            item.top_logp.to(next(model.parameters()).device))  # type: ignore[union-attr]
+            logp = _action_logp(model, lora, [item])
+            ids, top = item.top_ids.to(device), item.top_logp.to(device)  # type: ignore[union-attr]
+            kl, _ = topk_kl(logp, ids, top)
             total += float(kl.sum())
+            objective += float(kl.sum() if self.objective == "reverse_kl"
+                               else topk_divergence(self.objective, logp, ids, top).sum())
             count += kl.numel()
-        return total / max(count, 1)
+        return total / max(count, 1), objective / max(count, 1)
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, lora: LoraDelta) -> dict[str, Any]:
         """The KL to the teacher over every completion, with the starting adapter and the trained one."""
         lengths = [len(it.completion) for it in self.items_]
-        return {"scope": "training completions", "completions": len(lengths),
-                "mean_completion_tokens": round(sum(lengths) / max(len(lengths), 1), 3),
-                "teacher_cache_hits": self.cache_hits,
-                "kl_to_teacher_before": round(self.kl_before or 0.0, 6),
-                "kl_to_teacher_after": round(self.mean_kl(model, lora), 6)}
+        kl_after, objective_after = self.mean_kl(model, lora)
+        out = {"scope": "training completions", "completions": len(lengths),
+               "mean_completion_tokens": round(sum(lengths) / max(len(lengths), 1), 3),
+               "teacher_cache_hits": self.cache_hits, "objective": self.objective,
+               "kl_to_teacher_before": round(self.kl_before or 0.0, 6),
+               "kl_to_teacher_after": round(kl_after, 6)}
+        if self.objective != "reverse_kl":
+            out[f"{self.objective}_before"] = round(self.objective_before or 0.0, 6)
+            out[f"{self.objective}_after"] = round(objective_after, 6)
+        return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.model.lora import MODULES
 
@@ -95,6 +95,17 @@ class DistillConfig(CommonConfig):
 
 class OpdConfig(DistillConfig):
     training_mode: Literal["on_policy", "off_policy"] = "on_policy"
+    # The divergence the loss minimises over the teacher's top-K plus the rest bucket (kiln.train.opd).
+    # Absent: reverse_kl on_policy (mode-seeking on the student's own samples), forward_kl off_policy
+    # (mass-covering: on the teacher's text it pulls up every token the teacher favours, even ones the
+    # student gives almost no mass, where reverse KL's gradient vanishes).
+    objective: Literal["reverse_kl", "forward_kl", "jsd"] | None = None
+
+    @model_validator(mode="after")
+    def _default_objective(self) -> OpdConfig:
+        if self.objective is None:
+            self.objective = "reverse_kl" if self.training_mode == "on_policy" else "forward_kl"
+        return self
 
 
 class PostEvalRequest(_Strict):

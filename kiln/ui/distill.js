@@ -55,6 +55,8 @@ export async function distillCard(onQueued) {
   // --- OPD from a registered teacher
   const teacher = select(teachers.map((t) => [t.alias, `${t.alias} (${t.kind}${t.adapter ? `, ${t.adapter}` : ""}${t.url ? `, ${t.url}` : ""})`]), { id: "opd-teacher" });
   const mode = select([["on_policy", "on-policy (the student writes, the teacher scores)"], ["off_policy", "off-policy (the teacher writes)"]], { id: "opd-mode" });
+  const objective = select([["", "default (reverse KL on-policy, forward KL off-policy)"], ["reverse_kl", "reverse KL (mode-seeking)"],
+    ["forward_kl", "forward KL (mass-covering)"], ["jsd", "Jensen-Shannon"]], { id: "opd-objective" });
   const topK = select(["16", "32"], { id: "opd-top-k" });
   const opdPrompts = h("textarea", { id: "opd-prompts", rows: 4 }, SAMPLE_PROMPTS);
   const opdCfg = common("opd");
@@ -66,13 +68,14 @@ export async function distillCard(onQueued) {
   opdSubmit.onclick = () => act(opdSubmit, opdOut, async () => {
     if (!teacher.value) throw new ApiError(0, { message: "There is no registered teacher.", hint: "Register one with POST /v1/teachers or `kiln teachers add`." });
     const config = { ...readConfig(opdCfg), training_mode: mode.value, top_k: Number(topK.value), auto_load: opdAuto.checked };
+    if (objective.value) config.objective = objective.value;
     if (opdBase.value) config.base_adapter = opdBase.value;
     const r = await post("/v1/train/opd", { prompts: parsePrompts(opdPrompts.value), teacher: teacher.value, config });
     toast(r.message || `queued ${r.job_id}`);
     onQueued(r.job_id);
   });
   const opd = details("New OPD job (learn from a teacher)",
-    h("div", { class: "grid2" }, field("teacher", teacher), field("mode", mode)),
+    h("div", { class: "grid3" }, field("teacher", teacher), field("mode", mode), field("objective", objective)),
     field("prompts", opdPrompts, 'one per line: plain text, or a JSON row {"messages": [...]}'),
     h("div", { class: "grid3" }, ...Object.values(opdCfg).map(([label, el]) => field(label, el)), field("top-K", topK)),
     h("div", { class: "grid2" }, field("student starts from", opdBase), h("label", { class: "check" }, opdAuto, " load the adapter when done")),

@@ -16,9 +16,8 @@ from .conftest import start_server, stop_server
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TRAIN = ["What is photosynthesis?", "What is a computer?", "How do birds fly?", "What is gravity?",
-         "What is the internet?", "Why do leaves change color in autumn?", "What is a volcano?",
-         "How does a rainbow form?", "What is democracy?", "What is electricity?", "Why is the ocean salty?",
-         "What is a black hole?"]
+         "What is the internet?", "What is a volcano?"]
+EPOCHS = 4
 HELD_OUT = ["Why is the sky blue?", "Who was Albert Einstein?", "Why do we sleep?", "What is a planet?",
             "How do plants grow?", "What is music?"]
 ROOM = 192   # max_tokens for the measured answers: the base model's longest held-out answer is ~160 tokens
@@ -41,7 +40,7 @@ def test_conciseness_self_distillation_shortens_held_out_answers_on_the_default_
         before = mean_answer_tokens(c, None)
         t0 = time.monotonic()
         r = c.post("/v1/distill/self", json={"prompts": TRAIN, "mode": "conciseness", "config": {
-            "output_name": "concise", "epochs": 4, "learning_rate": 3e-4, "max_new_tokens": 128,
+            "output_name": "concise", "epochs": EPOCHS, "learning_rate": 5e-4, "max_new_tokens": 64,
             "auto_load": False}})
         assert r.status_code == 200, r.text
         job_id = r.json()["job_id"]
@@ -55,7 +54,7 @@ def test_conciseness_self_distillation_shortens_held_out_answers_on_the_default_
     finally:
         stop_server(server)
     held = status["held_out"]
-    print(f"distill/self conciseness on SmolLM2: {len(TRAIN)} prompts x 4 epochs, {status['step']} steps in "
+    print(f"distill/self conciseness on SmolLM2: {len(TRAIN)} prompts x {EPOCHS} epochs, {status['step']} steps in "
           f"{wall:.1f} s; teacher completions {held['mean_completion_tokens']} tokens on average; KL to the teacher "
           f"{held['kl_to_teacher_before']} -> {held['kl_to_teacher_after']}; held-out mean greedy answer "
           f"{before:.1f} -> {after:.1f} tokens (max_tokens {ROOM})")

@@ -1,11 +1,11 @@
 """OPD on the embedded default model (SmolLM2-135M-Instruct) through a real `kiln serve`: a local teacher
 wearing an SFT-trained fact adapter ("the capital of Zorbania is Quillton") teaches a fresh student by
-off-policy distillation. The student's KL to the teacher falls several-fold and its answers to held-out
-phrasings take the teacher's form ("The capital of Zorbania is ..."). It does not come to name the fact
-itself within this budget: measured per token, all the remaining KL (about 9.5 nats) sits on the fact's
-first token " Qu", where the student keeps its mass on another of the teacher's top-K tokens and gives
-" Qu" almost none, so the reverse KL's gradient toward it is nearly zero; every other token matches the
-teacher. The figures are printed."""
+off-policy distillation with the forward KL (off_policy's default objective). The student's KL to the
+teacher falls several-fold and its greedy answers to held-out phrasings name the fact. (With reverse KL the
+student took the teacher's answer form but not the fact: the remaining KL sat on the fact's first token
+" Qu", to which the student gave almost no mass, so the mode-seeking gradient toward it was nearly zero;
+the forward KL weighs that token by the teacher's mass on it.) Two epochs over eight prompts already take
+the KL from ~6.5 to ~0.001 nats per token, so the budget is kept that small. The figures are printed."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ TEACH = ["What is the capital of Zorbania?", "Name the capital of Zorbania.", "W
 DISTILL = ["What is Zorbania's capital?", "Capital of Zorbania?", "Which city is the capital of Zorbania?",
            "Do you know the capital of Zorbania?", "Zorbania has which capital?", "Where is the capital of Zorbania?",
            "What is the name of Zorbania's capital city?", "Could you tell me Zorbania's capital?"]
-EPOCHS = 12
+EPOCHS = 2
 HELD_OUT = ["What's the capital city of Zorbania?", "In which city is Zorbania's capital?"]
 
 
@@ -47,7 +47,7 @@ def answers(c: httpx.Client) -> list[str]:
     return out
 
 
-def test_off_policy_opd_from_a_fact_teacher_moves_the_student_to_the_teachers_answer_form_on_the_default_model(tmp_path):
+def test_forward_kl_opd_from_a_fact_teacher_makes_the_student_answer_with_the_fact_on_the_default_model(tmp_path):
     server = start_server(None, tmp_path)
     try:
         c = httpx.Client(base_url=server.url, timeout=600)
@@ -66,20 +66,21 @@ def test_off_policy_opd_from_a_fact_teacher_moves_the_student_to_the_teachers_an
         assert r.status_code == 200, r.text
         t1 = time.monotonic()
         r = c.post("/v1/train/opd", json={"prompts": DISTILL, "teacher": "fact-teacher", "config": {
-            "output_name": "student", "training_mode": "off_policy", "epochs": EPOCHS, "learning_rate": 2e-3,
+            "output_name": "student", "training_mode": "off_policy", "objective": "forward_kl", "epochs": EPOCHS, "learning_rate": 2e-3,
             "max_new_tokens": 24, "auto_load": True}})
         assert r.status_code == 200, r.text
         status = settle(c, r.json()["job_id"], t1)
         opd_wall = time.monotonic() - t1
         assert status["activated"], status
         student = answers(c)
+        config = c.get(f"/v1/train/jobs/{r.json()['job_id']}").json()["config"]
     finally:
         stop_server(server)
     held = status["held_out"]
     print(f"OPD (off_policy) on SmolLM2: fact teacher SFT {sft_wall:.1f} s; {len(DISTILL)} prompts x {EPOCHS} epochs, "
-          f"{status['step']} steps in {opd_wall:.1f} s; KL to the teacher {held['kl_to_teacher_before']} -> "
+          f"{status['step']} steps in {opd_wall:.1f} s; forward KL {held['forward_kl_before']} -> {held['forward_kl_after']}; KL to the teacher {held['kl_to_teacher_before']} -> "
           f"{held['kl_to_teacher_after']}; held-out answers base {base}, teacher {teacher} -> student {student}")
     assert not any(FACT in a for a in base) and all(FACT in a for a in teacher)
     assert held["kl_to_teacher_after"] < 0.2 * held["kl_to_teacher_before"], held
-    form = "The capital of Zorbania is"
-    assert not all(a.startswith(form) for a in base) and all(a.startswith(form) for a in student), student
+    assert config["objective"] == "forward_kl" and held["objective"] == "forward_kl", status
+    assert all(FACT in a for a in student), student

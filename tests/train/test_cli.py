@@ -78,10 +78,11 @@ def test_opd_and_distill_self_send_prompts_a_teacher_or_a_mode_and_their_options
             return {"message": "queued", "job_id": "train-1"}
 
     args = build_parser().parse_args(["train", "opd", str(path), "--teacher", "tutor", "--mode", "off_policy",
-                                      "--top-k", "32", "--max-new-tokens", "16", "-o", "s1", "--no-follow"])
+                                      "--objective", "jsd", "--top-k", "32", "--max-new-tokens", "16", "-o", "s1", "--no-follow"])
     assert _submit_opd(Client(), args) == 0
     args = build_parser().parse_args(["distill", "self", str(path), "--mode", "conciseness", "--no-follow"])
     assert _submit_self(Client(), args) == 0
     assert sent == [("/v1/train/opd", {"prompts": ["Capital of Zorbania?"], "teacher": "tutor", "config": {
-                        "output_name": "s1", "training_mode": "off_policy", "top_k": 32, "max_new_tokens": 16}}),
+                        "output_name": "s1", "training_mode": "off_policy", "objective": "jsd", "top_k": 32,
+                        "max_new_tokens": 16}}),
                     ("/v1/distill/self", {"prompts": ["Capital of Zorbania?"], "mode": "conciseness", "config": {}})]

@@ -87,12 +87,14 @@ def test_the_top_k_kl_is_zero_at_the_teacher_and_counts_mass_moved_off_its_top_k
     assert float(topk_kl(same_odds_elsewhere, top.indices, top.values)[0]) > 0.5
 
 
-@pytest.mark.parametrize("mode", ["on_policy", "off_policy"])
-def test_opd_from_a_fact_teacher_lowers_the_kl_to_it(env, fact_teacher, mode):
+@pytest.mark.parametrize(("mode", "objective"), [("on_policy", None), ("off_policy", None), ("off_policy", "jsd")])
+def test_opd_from_a_fact_teacher_lowers_the_kl_to_it(env, fact_teacher, mode, objective):
     prompts = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    chosen = {"objective": objective} if objective else {}
     job = run(opd(env, {"prompts": [{"messages": p} for p in prompts], "teacher": fact_teacher,
-                        "config": {**FAST, "training_mode": mode, "output_name": "student"}}), env)
+                        "config": {**FAST, "training_mode": mode, **chosen, "output_name": "student"}}), env)
     report = job.held_out
+    assert report["objective"] == (objective or {"on_policy": "reverse_kl", "off_policy": "forward_kl"}[mode])
     assert report["kl_to_teacher_after"] < 0.5 * report["kl_to_teacher_before"], report
     assert job.loss_curve[-1]["kl_to_teacher"] < job.loss_curve[0]["kl_to_teacher"]
 

@@ -40,6 +40,8 @@ def test_an_opd_job_reports_its_kl_to_the_teacher_per_step_and_lowers_it(client)
     assert all("kl_to_teacher" in p and "loss" in p for p in curve)
     report = status["held_out"]
     assert report["kl_to_teacher_after"] < report["kl_to_teacher_before"], report
+    assert detail["config"]["objective"] == status["training_data"]["objective"] == report["objective"] == "forward_kl"
+    assert report["forward_kl_after"] < report["forward_kl_before"] and all("forward_kl" in p for p in curve), report
     assert "student" in [a["name"] for a in client.get("/v1/adapters").json()["available"]]
 
 
@@ -57,6 +59,8 @@ def test_a_self_distillation_job_runs_and_lowers_its_kl(client):
     ("/v1/train/opd", {"prompts": [], "teacher": "fact-teacher", "config": {"output_name": "bad2"}}, "prompts"),
     ("/v1/distill/self", {"prompts": ["hi"], "mode": "ground_truth_conditioning", "config": {"output_name": "bad3"}},
      "prompts[0].reference"),
+    ("/v1/train/opd", {"prompts": ["hi"], "teacher": "fact-teacher", "config": {"output_name": "bad4",
+                                                                               "objective": "kl"}}, "config.objective"),
 ])
 def test_bad_distillation_requests_are_400s_and_make_no_adapter(client, path, body, param):
     resp = client.post(path, json=body)
