@@ -28,10 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kiln.model import kernels
-from kiln.model.quant import TILE_ROWS, GGUFData, PackedWeight
+from kiln.model.quant import _KIND_IDS, TILE_ROWS, GGUFData, PackedWeight
 
 SUPER = 256
-_KIND_IDS = {"q4_k": 0, "q5_k": 1, "q6_k": 2}
 
 
 @dataclass(frozen=True)
