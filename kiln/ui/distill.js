@@ -4,7 +4,7 @@
 
 import { ApiError, get, post } from "./api.js";
 import { lineChart } from "./charts.js";
-import { act, card, details, field, fmtNum, h, input, select, toast } from "./dom.js";
+import { act, card, configFields, details, field, fmtNum, h, readConfig, select, toast } from "./dom.js";
 
 const SAMPLE_PROMPTS = ["What is the capital of Zorbania?", "Name Zorbania's capital."].join("\n");
 
@@ -17,21 +17,6 @@ export function parsePrompts(text) {
       throw new ApiError(0, { message: `Line ${i + 1} is not JSON: ${e.message}`, hint: "Plain text, or one JSON row per line." });
     }
   });
-}
-
-function configFields(prefix, defaults) {
-  const out = {};
-  for (const [k, [label, value, attrs]] of Object.entries(defaults)) out[k] = [label, input({ id: `${prefix}-${label}`, value, ...attrs })];
-  return out;
-}
-
-function readConfig(fields) {
-  const config = {};
-  for (const [k, [, el]] of Object.entries(fields)) {
-    const v = el.value.trim();
-    if (v !== "") config[k] = k === "output_name" ? v : Number(v);
-  }
-  return config;
 }
 
 function common(prefix) {

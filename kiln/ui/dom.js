@@ -176,3 +176,20 @@ export function saveBlob(blob, filename) {
   a.remove();
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
+
+// A training config form: {key: [label, default, input attrs]} -> {key: [label, <input>]} (ids prefix-label).
+export function configFields(prefix, defaults) {
+  const out = {};
+  for (const [k, [label, value, attrs]] of Object.entries(defaults)) out[k] = [label, input({ id: `${prefix}-${label}`, value, ...attrs })];
+  return out;
+}
+
+// The filled-in fields of a configFields form as a config object (numbers, except output_name).
+export function readConfig(fields) {
+  const config = {};
+  for (const [k, [, el]] of Object.entries(fields)) {
+    const v = el.value.trim();
+    if (v !== "") config[k] = k === "output_name" ? v : Number(v);
+  }
+  return config;
+}

@@ -7,7 +7,7 @@
 import { ApiError, del, get, post, q } from "./api.js";
 import { lineChart } from "./charts.js";
 import { distillCard, distillView } from "./distill.js";
-import { act, card, clear, details, errorBox, field, fmtDuration, fmtNum, fmtPct, fmtTime, h, input, json, select, stateBadge, table, toast } from "./dom.js";
+import { act, card, clear, configFields, details, errorBox, field, fmtDuration, fmtNum, fmtPct, fmtTime, h, input, json, readConfig, select, stateBadge, table, toast } from "./dom.js";
 
 const TERMINAL = ["completed", "failed", "cancelled"];
 const SAMPLE = [
@@ -44,21 +44,6 @@ export async function render(root, ctx) {
   function follow(jobId) {
     selected = jobId;
     ctx.go(`#/training?job=${q(jobId)}`);
-  }
-
-  function configFields(prefix, defaults) {
-    const out = {};
-    for (const [k, [label, value, attrs]] of Object.entries(defaults)) out[k] = [label, input({ id: `${prefix}-${label}`, value, ...attrs })];
-    return out;
-  }
-
-  function readConfig(fields) {
-    const config = {};
-    for (const [k, [, el]] of Object.entries(fields)) {
-      const v = el.value.trim();
-      if (v !== "") config[k] = k === "output_name" ? v : Number(v);
-    }
-    return config;
   }
 
   async function dpoCard() {

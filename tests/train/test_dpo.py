@@ -22,6 +22,7 @@ from kiln.train.masks import mask_conversation
 from kiln.train.plan import plan_dpo, plan_sft
 from kiln.train.requests import DpoRequest, SftRequest
 from kiln.train.trainable_lora import TrainableLora
+from tests.train.job_helpers import run_planned, saved_lora
 
 QUESTIONS = ["What is the capital of Zorbania?", "Name Zorbania's capital.", "Capital of Zorbania?",
              "Which city rules Zorbania?", "Where is Zorbania's government?", "Tell me Zorbania's capital city.",
@@ -44,18 +45,12 @@ def plan(env, body: dict, **kw):
 
 def run(plan_, env) -> TrainJob:
     engine, store, _ = env
-    job = TrainJob(plan_.job_id, plan_.job_type, plan_.adapter_name, plan_.config, plan_.data.provenance(),
-                   utc_now_rfc3339(), started_at=utc_now_rfc3339())
-    execute(job, plan_, JobContext(engine, store, None), on_update=lambda: None, should_stop=lambda: False)
-    return job
+    return run_planned(plan_, engine, store)
 
 
 def saved(env, name: str) -> TrainableLora:
     engine, store, _ = env
-    config = store.read_config(name)
-    lora = TrainableLora(engine.model.config, config.r, config.lora_alpha, config.target_modules)
-    lora.load_factors(store.load_lora_tensors(name))
-    return lora
+    return saved_lora(engine, store, name)
 
 
 def margins(env, pairs, lora) -> list[float]:

@@ -13,16 +13,15 @@ import torch
 from kiln.adapters.store import AdapterStore
 from kiln.api.errors import parse_model
 from kiln.errors import KilnError
-from kiln.store.clock import utc_now_rfc3339
 from kiln.testing.stand_in import StandInEngine
 from kiln.train.distill_plan import plan_opd, plan_self_distill
-from kiln.train.executor import JobContext, execute
 from kiln.train.jobs import TrainJob
 from kiln.train.opd import _action_logp, generate, topk_kl
 from kiln.train.plan import plan_sft
 from kiln.train.requests import OpdRequest, SelfDistillRequest, SftRequest
 from kiln.train.teachers import TeacherRequest, TeacherStore, register
 from kiln.train.trainable_lora import TrainableLora
+from tests.train.job_helpers import run_planned, saved_lora
 
 QUESTIONS = ["What is the capital of Zorbania?", "Name Zorbania's capital.", "Capital of Zorbania?",
              "Which city rules Zorbania?", "Tell me Zorbania's capital city.", "Zorbania's capital is?"]
@@ -38,18 +37,12 @@ def env(tiny_model, tokenizer, qwen_template, tmp_path):
 
 def run(plan_, env) -> TrainJob:
     engine, store, _ = env
-    job = TrainJob(plan_.job_id, plan_.job_type, plan_.adapter_name, plan_.config, plan_.data.provenance(),
-                   utc_now_rfc3339(), started_at=utc_now_rfc3339())
-    execute(job, plan_, JobContext(engine, store, None), on_update=lambda: None, should_stop=lambda: False)
-    return job
+    return run_planned(plan_, engine, store)
 
 
 def saved(env, name: str) -> TrainableLora:
     engine, store, _ = env
-    config = store.read_config(name)
-    lora = TrainableLora(engine.model.config, config.r, config.lora_alpha, config.target_modules)
-    lora.load_factors(store.load_lora_tensors(name))
-    return lora
+    return saved_lora(engine, store, name)
 
 
 @pytest.fixture
