@@ -294,29 +294,35 @@ KILN_KQ_AVX2 inline __m256i q6_half_avx2(const uint8_t* qg, int c, int h, int rh
 // maddubs pairs an unsigned code byte with a signed activation byte (|xq| <= 127) into int16, and
 // several of those add up in int16 before madd scales them: Q4_K 8 (8 * 2 * 15 * 127 = 30480), Q5_K 4
 // (4 * 2 * 31 * 127 = 31496), Q6_K 2 (2 * 2 * 63 * 127 = 32004), never past 32767.
-template <int F, int NT, int MB>
-KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh, float (*out)[kMaxMB][kRows]) {
+//
+// U = NT * H vectors side by side: NT tiles, each in H halves (H = 2: both of a tile's halves in one pass,
+// every code byte read once; H = 1: half rh0 only, the caller runs the other half next).
+template <int F, int NT, int MB, int H>
+KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  constexpr int U = NT * H;
+  int rhs[U];
+  for (int a = 0; a < U; ++a) rhs[a] = H == 2 ? a % 2 : rh0;
   const int64_t S = p.S, K = S * kSuper;
   const __m256i zero = _mm256_setzero_si256();
-  __m256 acc[NT][MB];
-  for (int a = 0; a < NT; ++a)
+  __m256 acc[U][MB];
+  for (int a = 0; a < U; ++a)
     for (int j = 0; j < MB; ++j) acc[a][j] = _mm256_setzero_ps();
   for (int64_t s = 0; s < S; ++s) {
-    const uint8_t* sb[NT];
-    const uint8_t* qb[NT];
-    for (int a = 0; a < NT; ++a) {
-      sb[a] = p.sc + ((t + a) * S + s) * SB;
-      qb[a] = p.qs + ((t + a) * S + s) * QS;
+    const uint8_t* sb[U];
+    const uint8_t* qb[U];
+    for (int a = 0; a < U; ++a) {
+      sb[a] = p.sc + ((t + a / H) * S + s) * SB;
+      qb[a] = p.qs + ((t + a / H) * S + s) * QS;
     }
-    __m256i isum[NT][MB];
-    for (int a = 0; a < NT; ++a)
+    __m256i isum[U][MB];
+    for (int a = 0; a < U; ++a)
       for (int j = 0; j < MB; ++j) isum[a][j] = zero;
     if constexpr (F == Q6K) {
       for (int q = 0; q < 8; ++q)
-        for (int a = 0; a < NT; ++a) {
-          const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + 32 * q + 8 * rh)));
-          const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 48 + 32 * q + 8 * rh)));
+        for (int a = 0; a < U; ++a) {
+          const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + 32 * q + 8 * rhs[a])));
+          const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 48 + 32 * q + 8 * rhs[a])));
           const __m256i pr = pairs16_avx2(_mm256_sub_epi32(zero, _mm256_slli_epi32(lo, 5)),
                                           _mm256_sub_epi32(zero, _mm256_slli_epi32(hi, 5)));
           for (int j = 0; j < MB; ++j)
@@ -324,21 +330,21 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh, fl
                                                           p.b16 + ((m0 + j) * S + s) * 16 + 2 * q))));
         }
     } else {
-      __m256i ms[NT][MB];
-      for (int a = 0; a < NT; ++a)
+      __m256i ms[U][MB];
+      for (int a = 0; a < U; ++a)
         for (int j = 0; j < MB; ++j) ms[a][j] = zero;
       for (int q = 0; q < 4; ++q)
-        for (int a = 0; a < NT; ++a) {
+        for (int a = 0; a < U; ++a) {
           __m128i sc0, mn0, sc1, mn1;
-          scale_min_at<true>(sb[a], 2 * q, rh, sc0, mn0);
-          scale_min_at<true>(sb[a], 2 * q + 1, rh, sc1, mn1);
+          scale_min_at<true>(sb[a], 2 * q, rhs[a], sc0, mn0);
+          scale_min_at<true>(sb[a], 2 * q + 1, rhs[a], sc1, mn1);
           const __m256i pr = pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
           for (int j = 0; j < MB; ++j)
             ms[a][j] = _mm256_add_epi32(ms[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
                                                       p.b32 + ((m0 + j) * S + s) * 8 + 2 * q))));
         }
-      for (int a = 0; a < NT; ++a) {
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 32 + 16 * rh)));
+      for (int a = 0; a < U; ++a) {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 32 + 16 * rhs[a])));
         for (int j = 0; j < MB; ++j) {
           const __m256 f = _mm256_mul_ps(dmin, _mm256_set1_ps(p.xd[(m0 + j) * S + s]));
           acc[a][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[a][j]), f, acc[a][j]);
@@ -346,73 +352,73 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh, fl
       }
     }
     for (int g = 0; g < 8; ++g) {
-      if (rh == 0)
+      if (rh0 == 0)
         for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, S, t + a, s, g, NT);
       const int64_t xo = s * kSuper + g * kGroup;
       if constexpr (F == Q6K) {
         for (int h = 0; h < 2; ++h) {
-          __m256i scv[NT];
-          for (int a = 0; a < NT; ++a) {
+          __m256i scv[U];
+          for (int a = 0; a < U; ++a) {
             const __m256i s32 = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + (2 * g + h) * 16 + 8 * rh)));
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + (2 * g + h) * 16 + 8 * rhs[a])));
             scv[a] = pairs16_avx2(s32, s32);
           }
           for (int c0 = 0; c0 < 4; c0 += 2) {
-            __m256i p16[NT][MB];
+            __m256i p16[U][MB];
             for (int c = c0; c < c0 + 2; ++c) {
-              __m256i v[NT];
-              for (int a = 0; a < NT; ++a) v[a] = q6_half_avx2(qb[a] + g * QB, c, h, rh);
+              __m256i v[U];
+              for (int a = 0; a < U; ++a) v[a] = q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
               for (int j = 0; j < MB; ++j) {
                 const __m256i xb = _mm256_set1_epi32(load_i32(p.xq + (m0 + j) * K + xo + 16 * h + 4 * c));
-                for (int a = 0; a < NT; ++a) {
+                for (int a = 0; a < U; ++a) {
                   const __m256i pr = _mm256_maddubs_epi16(v[a], xb);
                   p16[a][j] = c == c0 ? pr : _mm256_add_epi16(p16[a][j], pr);
                 }
               }
             }
-            for (int a = 0; a < NT; ++a)
+            for (int a = 0; a < U; ++a)
               for (int j = 0; j < MB; ++j) isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(p16[a][j], scv[a]));
           }
         }
       } else {
         constexpr int kPer = F == Q4K ? 4 : 2;   // c steps summed in int16 before one madd
-        __m256i scv[NT];
-        for (int a = 0; a < NT; ++a) {
+        __m256i scv[U];
+        for (int a = 0; a < U; ++a) {
           __m128i sc, mn;
-          scale_min_at<true>(sb[a], g, rh, sc, mn);
+          scale_min_at<true>(sb[a], g, rhs[a], sc, mn);
           const __m256i s32 = _mm256_cvtepu8_epi32(sc);
           scv[a] = pairs16_avx2(s32, s32);
         }
         for (int c0 = 0; c0 < 4; c0 += kPer) {
-          __m256i p16[NT][MB];
+          __m256i p16[U][MB];
           for (int c = c0; c < c0 + kPer; ++c) {
-            __m256i vl[NT], vh[NT];
-            for (int a = 0; a < NT; ++a) codes_avx2<F, false>(qb[a] + g * QB, c, rh, vl[a], vh[a]);
+            __m256i vl[U], vh[U];
+            for (int a = 0; a < U; ++a) codes_avx2<F, false>(qb[a] + g * QB, c, rhs[a], vl[a], vh[a]);
             for (int j = 0; j < MB; ++j) {
               const int8_t* xg = p.xq + (m0 + j) * K + xo;
               const __m256i xl = _mm256_set1_epi32(load_i32(xg + 4 * c));
               const __m256i xh = _mm256_set1_epi32(load_i32(xg + 16 + 4 * c));
-              for (int a = 0; a < NT; ++a) {
+              for (int a = 0; a < U; ++a) {
                 const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(vl[a], xl), _mm256_maddubs_epi16(vh[a], xh));
                 p16[a][j] = c == c0 ? pr : _mm256_add_epi16(p16[a][j], pr);
               }
             }
           }
-          for (int a = 0; a < NT; ++a)
+          for (int a = 0; a < U; ++a)
             for (int j = 0; j < MB; ++j) isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(p16[a][j], scv[a]));
         }
       }
     }
-    for (int a = 0; a < NT; ++a) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 16 * rh)));
+    for (int a = 0; a < U; ++a) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 16 * rhs[a])));
       for (int j = 0; j < MB; ++j) {
         const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(p.xd[(m0 + j) * S + s]));
         acc[a][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[a][j]), f, acc[a][j]);
       }
     }
   }
-  for (int a = 0; a < NT; ++a)
-    for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a][j] + 8 * rh, acc[a][j]);
+  for (int a = 0; a < U; ++a)
+    for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a / H][j] + 8 * rhs[a], acc[a][j]);
 }
 
 template <int F>
@@ -432,10 +438,10 @@ KILN_KQ_VNNI void rows_vnni(const Problem& p, int64_t t, int64_t m0, int mb, flo
 template <int F>
 KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int rh, float (*out)[kMaxMB][kRows]) {
   switch (mb) {
-    case 1: return tiles_avx2<F, 1, 1>(p, t, m0, rh, out);
-    case 2: return tiles_avx2<F, 1, 2>(p, t, m0, rh, out);
-    case 3: return tiles_avx2<F, 1, 3>(p, t, m0, rh, out);
-    default: return tiles_avx2<F, 1, 4>(p, t, m0, rh, out);
+    case 1: return tiles_avx2<F, 1, 1, 1>(p, t, m0, rh, out);
+    case 2: return tiles_avx2<F, 1, 2, 1>(p, t, m0, rh, out);
+    case 3: return tiles_avx2<F, 1, 3, 1>(p, t, m0, rh, out);
+    default: return tiles_avx2<F, 1, 4, 1>(p, t, m0, rh, out);
   }
 }
 
@@ -448,7 +454,7 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
   for (int64_t m0 = 0; m0 < p.M; m0 += block) {
     const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
-    const int want = vnni ? (mb == 1 ? 4 : mb == 2 ? 2 : 1) : (mb == 1 ? 2 : 1);
+    const int want = vnni ? (mb == 1 ? 4 : mb == 2 ? 2 : 1) : 1;
     for (int64_t t = t0; t < t1;) {
       const int nt = t1 - t >= want ? want : 1;
       if (vnni) {
@@ -456,10 +462,9 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
         else if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
         else rows_vnni<F>(p, t, m0, mb, out);
       } else {
-        for (int rh = 0; rh < 2; ++rh) {
-          if (nt == 2) tiles_avx2<F, 2, 1>(p, t, m0, rh, out);
-          else rows_avx2<F>(p, t, m0, mb, rh, out);
-        }
+        if (mb == 1) tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
+        else
+          for (int rh = 0; rh < 2; ++rh) rows_avx2<F>(p, t, m0, mb, rh, out);
       }
       for (int a = 0; a < nt; ++a)
         for (int j = 0; j < mb; ++j) store(p, m0 + j, t + a, out[a][j]);
