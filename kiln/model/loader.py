@@ -183,9 +183,9 @@ def load_model(
     "gguf" a GGUF's own Q4_0/Q4_1/Q8_0 blocks, repacked exactly (CPU only; the dense path stays for
     training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
     the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
-    (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations
-    are quantized to 8 bits per group of 32 (as llama.cpp does), so logits differ slightly from the
-    dense path: near-ties between the top tokens can flip. "gguf-float" keeps the blocks with float
+    (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations are quantized to 8 bits per
+    group of 32 (K-quant weights: per superblock of 256; as llama.cpp does), so logits differ slightly
+    from the dense path: near-ties between the top tokens can flip. "gguf-float" keeps the blocks with float
     activations instead: a single stream decodes faster than dense bfloat16 (a third of the bytes), but
     float32 FMAs make it compute-bound with many rows (concurrent streams, prefill), where the dense
     kernel is faster where vdpbf16ps outpaces FMAs: which of the two "auto" picks depends on the CPU.

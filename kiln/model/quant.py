@@ -73,7 +73,8 @@ class PackedWeight:
     qs: Tensor = field(repr=False)
     scales: Tensor = field(repr=False)
     # float activations (kernels/qlinear_float.cpp: the dequantized weight's product up to float32
-    # rounding) instead of int8 ones per group of 32 (kernels/qlinear.cpp, llama.cpp's arithmetic)
+    # rounding) instead of int8 ones per group of 32 (kernels/qlinear.cpp, llama.cpp's arithmetic; K-quant
+    # weights: per superblock of 256, kernels/qlinear_kquant_q8.cpp)
     float_act: bool = False
     _dense: dict[tuple[torch.dtype, torch.device], Tensor] = field(default_factory=dict, repr=False)
 
@@ -374,12 +375,13 @@ def _dense_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None) -> Tenso
     return F.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
-def quantize_activations_reference(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The kernel's activation quantization in torch: `x [M, K]` -> (int8 `[M, G*32]`, scales `[M, G]`,
-    scale * group sum `[M, G]`), with q = round-half-even(x * (127 / max|x|))."""
+def quantize_activations_reference(x: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's activation quantization in torch: `x [M, K]` -> (int8 `[M, G*group]`, scales `[M, G]`,
+    scale * group sum `[M, G]`), with q = round-half-even(x * (127 / max|x|)) per group of `group` (32;
+    the K-quant kernels quantize per superblock of 256)."""
     xf = x.float()
     m, k = xf.shape
-    xg = F.pad(xf, (0, -k % GROUP)).view(m, -1, GROUP)
+    xg = F.pad(xf, (0, -k % group)).view(m, -1, group)
     amax = xg.abs().amax(-1)
     amax = torch.where(amax >= _TINY_AMAX, amax, torch.zeros_like(amax))
     # tensor / tensor: `127.0 / amax` would compute reciprocal(amax) * 127, rounding twice
@@ -391,12 +393,14 @@ def quantize_activations_reference(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def quant_linear_reference(x: Tensor, packed: PackedWeight, bias: Tensor | None = None) -> Tensor:
-    """What the kernel computes, in plain torch: int8 activations per group times the dequantized
-    weight, accumulated in float32 (only the summation order differs from the kernel)."""
+    """What the kernel computes, in plain torch: int8 activations per group (K-quant weights: per
+    superblock of 256) times the dequantized weight, accumulated in float32 (only the summation order
+    differs from the kernel)."""
     k, n = packed.in_features, packed.out_features
     lead = x.shape[:-1]
-    q, d, _ = quantize_activations_reference(x.reshape(-1, k))
-    xq = (q.float().view(q.shape[0], -1, GROUP) * d[..., None]).view(q.shape[0], -1)[:, :k]
+    group = 256 if packed.is_kquant else GROUP
+    q, d, _ = quantize_activations_reference(x.reshape(-1, k), group)
+    xq = (q.float().view(q.shape[0], -1, group) * d[..., None]).view(q.shape[0], -1)[:, :k]
     y = xq @ packed.dequantize(torch.float32).T
     if bias is not None:
         y = y + bias.float()

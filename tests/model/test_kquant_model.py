@@ -96,7 +96,7 @@ def test_with_8_bit_activations_the_logits_stay_near_the_dequantized_models(q4_k
     a, _ = _decode_run(served, True, monkeypatch)
     b, _ = _decode_run(dense, False, monkeypatch)
     for x, y in zip(a, b, strict=True):
-        # int8 activations per group of 32 (llama.cpp's rounding): a few percent of the logits' range
+        # int8 activations per superblock of 256 (llama.cpp's Q8_K rounding): a few percent of the logits' range
         assert (x.float() - y).abs().max() <= 0.05 * y.abs().max()
 
 

@@ -1,8 +1,8 @@
 """K-quant weights from their own blocks (kernels/qlinear_kquant.cpp, qlinear_kquant_q8.cpp,
 kiln/model/kquant.py): GGUF Q4_K, Q5_K and Q6_K blocks repacked into tiles of the same bytes, multiplied
 with float activations (the dequantized weight's product up to float32 rounding) or with 8-bit ones
-(llama.cpp's arithmetic: the product with the activations quantized per group of 32), the same bits on
-every ISA, for any batch."""
+(llama.cpp's arithmetic: the product with the activations quantized per superblock of 256, the
+sub-block scales applied in integers), the same bits on every ISA, for any batch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import torch
 from gguf.quants import dequantize
 
 from kiln.model import kernels, kquant, quant
-from kiln.model.quant import concat_packed, kernels_available, quant_linear, quant_linear_reference
+from kiln.model.quant import (
+    concat_packed,
+    kernels_available,
+    quant_linear,
+    quant_linear_reference,
+    quantize_activations_reference,
+)
 from kiln.testing.kquant_blocks import BLOCK_BYTES, GGUF_TYPES, random_blocks
 
 from .test_quant import activations, same_with_one_and_two_threads
@@ -87,6 +93,21 @@ def test_the_result_is_the_dequantized_weights_product(kind: str, n: int, k: int
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_activations_are_quantized_per_superblock_exactly_as_the_reference(dtype: torch.dtype) -> None:
+    x = (activations(5, 1024) * torch.logspace(-3, 3, 5)[:, None]).to(dtype)
+    x[2, 256:512] = 0.0
+    want_q, want_d, _ = quantize_activations_reference(x, 256)
+    sums16 = want_q.view(5, -1, 16).sum(-1).to(torch.int16)
+    sums32 = want_q.view(5, -1, 32).sum(-1).to(torch.int16)
+    for isa in supported_isas():
+        q, d, b16, b32 = kernels.load().quantize_activations_256(x, kernels.ISA_LEVELS[isa])
+        assert torch.equal(q, want_q) and torch.equal(d, want_d), isa
+        assert torch.equal(b16, sums16) and torch.equal(b32, sums32), isa
+    assert int(q.abs().max()) == 127 and float(d[2, 1]) == 0.0
+
+
+@needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("n", "k"), [(40, 1536), (33, 512)])
 def test_with_8_bit_activations_the_result_is_the_product_with_the_quantized_activations(kind: str, n: int,
@@ -103,8 +124,8 @@ def test_with_8_bit_activations_the_result_is_the_product_with_the_quantized_act
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("acts", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# one row (side-by-side tiles), 2 rows (tile pairs), 3-4 row blocks, then rests of 1-3 rows
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 11])
+# one row (side-by-side tiles), 2 rows (tile pairs), blocks of 3-8 rows (AVX2: 3-4), then rests of 1-3 rows
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11])
 def test_every_code_path_gives_identical_bits(kind: str, acts: str, dtype: torch.dtype, m: int) -> None:
     pw = packed(kind, 88, 512, acts)
     x = activations(m, 512, dtype)

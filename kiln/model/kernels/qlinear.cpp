@@ -902,6 +902,22 @@ std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x, int64_t 
   return {xq, xd, xs};
 }
 
+// x [M, K] float32|bfloat16, K whole superblocks of 256 -> (int8 [M, K], scales [M, K/256], int16 sums of
+// every 16 values [M, K/16] and of every 32 [M, K/32]): the K-quant kernels' activations.
+std::vector<torch::Tensor> quantize_activations_256(const torch::Tensor& x, int64_t isa) {
+  check_x(x);
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK_VALUE(K % 256 == 0, "kiln quantize_activations_256: K = ", K, " is not whole superblocks of 256");
+  auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto xd = torch::empty({M, K / 256}, x.options().dtype(torch::kFloat32));
+  auto b16 = torch::empty({M, K / 16}, x.options().dtype(torch::kInt16));
+  auto b32 = torch::empty({M, K / 32}, x.options().dtype(torch::kInt16));
+  kiln::quantize_activation_rows_256(resolve_isa(isa), x.data_ptr(), x.scalar_type() == torch::kBFloat16, M, K,
+                                     xq.data_ptr<int8_t>(), xd.data_ptr<float>(), b16.data_ptr<int16_t>(),
+                                     b32.data_ptr<int16_t>());
+  return {xq, xd, b16, b32};
+}
+
 namespace {
 
 torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
@@ -1049,6 +1065,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
+  m.def("quantize_activations_256", &quantize_activations_256, "per-superblock int8 activations (K-quant kernels)",
+        py::arg("x"), py::arg("isa") = -1);
   m.def("best_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");
   m.def("cpu_isa", &kiln::cpu_isa, "the highest ISA level this CPU runs: 0 scalar, 1 avx2, 2 avx512");
   m.def("active_isa", &kiln::active_isa, "the ISA level the kernels use when a call names none");

@@ -51,6 +51,13 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qs, const tor
 void quantize_activation_rows(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int8_t* xq, float* xd,
                               float* xs);
 
+// x [M, K] (K whole superblocks of 256) quantized per superblock for the K-quant kernels
+// (quantize_super.cpp): int8 xq [M, K], scale xd [M, K / 256] (amax / 127), the int8 sums of every 16
+// values b16 [M, K / 16] and of every 32 b32 [M, K / 32]; rows shared out on the pool. isa: a resolved
+// level (every level gives the same bytes).
+void quantize_activation_rows_256(int64_t isa, const void* x, bool bf16, int64_t M, int64_t K, int8_t* xq, float* xd,
+                                  int16_t* b16, int16_t* b32);
+
 // fn(ctx, c) for every c in [0, n) on the calling thread and the kernels' own pool (the one qlinear
 // uses): a decode step's kernels share one set of threads instead of waking OpenMP's as well, whose
 // spinning workers would compete with the pool's for the same cores.

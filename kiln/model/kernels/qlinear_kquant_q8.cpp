@@ -1,20 +1,26 @@
 // K-quant weights (GGUF Q4_K, Q5_K, Q6_K) with 8-bit activations, as llama.cpp multiplies them, on the
-// same tiles qlinear_kquant.cpp reads (kquant_tiles.h). The activations are quantized per group of 32 as
-// qlinear.cpp quantizes them for q4_1 (int8, scale xd = amax / 127, xs = xd * the group's int8 sum; llama.cpp's
-// Q8_K rounds per 256 with one scale, so its logits are near these, not equal), so
-// each group of each output row is one integer dot product of the stored codes with the int8
-// activations (AVX512-VNNI vpdpbusd; AVX2 maddubs + madd; exact in int32 everywhere), then float32:
-//   Q4_K / Q5_K, codes q (0..15 / 0..31), group g with scale sc and min m:
-//     a = fma(float(sum q * xq), (d * sc) * xd, acc); acc = fma(-(dmin * m), xs, a)
-//   Q6_K, stored codes u = q + 32 (0..63), the group's halves (K 0..15 and 16..31) scaled sc0 and sc1:
-//     acc = fma(float(sum u * xq - 32 * sum xq), (d * sc0) * xd, acc), then the same for the high half
-// A tile's 16 rows are the 16 int32 lanes (4 consecutive K values a lane, as the tiles store them), so
-// one vpdpbusd with 4 activation bytes broadcast advances 16 rows. A decode step reads 4.5-6.6 bits a
-// weight at the memory's rate instead of converting every code to float (the float path is
-// compute-bound on two cores: ~13 GB/s a core on Zen 4 against the ~30 GB/s DRAM gives).
+// same tiles qlinear_kquant.cpp reads (kquant_tiles.h). The activations are quantized per superblock of
+// 256 as llama.cpp's Q8_K is (quantize_super.cpp: int8 xq, one scale xd = amax / 127, the int8 sums of
+// every 16 and every 32 values), so a superblock's sub-block scales apply in INTEGER arithmetic: per
+// weight row r and superblock, exact in int32 (at most ~2^28 in magnitude),
+//   Q4_K / Q5_K, codes q (0..15 / 0..31), group j (32 values) with 6-bit scale sc_j and min m_j:
+//     isum = sum_j sc_j * (sum q * xq),  msum = sum_j m_j * (xq's sum over group j)
+//     acc = fma(float(msum), -(dmin * xd), acc); acc = fma(float(isum), d * xd, acc)
+//   Q6_K, stored codes u = q + 32 (0..63), sub-block b (16 values) with int8 scale sc_b:
+//     isum = sum_b sc_b * (sum u * xq) - 32 * sum_b sc_b * (xq's sum over b)
+//     acc = fma(float(isum), d * xd, acc)
+// One float conversion and fma (two for the mins) a superblock and activation row, where a per-32
+// quantization paid a convert, a multiply and two fmas per group of 32.
+//
+// A tile's 16 rows are the int32 lanes (4 consecutive K values a lane, as the tiles store them):
+// AVX512-VNNI: vpdpbusd with 4 activation bytes broadcast advances 16 rows; a group's dot product is
+// scaled by vpmulld into the superblock's sum; the mins and the Q6_K offset are vpdpwssd of scale pairs
+// with pairs of the int16 sums. AVX2 (8 rows a vector): maddubs gives int16 pairs, several of them add up
+// in int16 while no sum can reach 2^15, and madd with the sub-block scale (instead of with ones) scales
+// and widens them in one instruction.
 //
 // Every output is one fixed sequence of operations (exact integer sums, then the float32 operations above
-// in group order), whatever M, the row block, the thread or the ISA, so the scalar, AVX2 and AVX-512
+// in superblock order), whatever M, the row block, the thread or the ISA, so the scalar, AVX2 and AVX-512
 // paths give the same bits and a row's result never depends on its batch.
 
 #include "qlinear_kquant.h"
@@ -34,16 +40,17 @@ namespace {
 using kiln::half_bits_to_float;
 using namespace kiln::kq;
 
-constexpr int kMaxMB = 4;
+constexpr int kMaxMB = 8;      // activation rows a pass over a tile serves (AVX512-VNNI; AVX2 takes 4)
+constexpr int kMaxMBAvx2 = 4;  // 16 ymm registers: 3 accumulators a row
 
 struct Problem {
   int64_t fmt, M, N, S;
   const uint8_t* qs;      // [T, S, super_bytes]
   const uint8_t* sc;      // [T, S, scale_bytes]
   const int8_t* xq;       // [M, S * 256] int8 activations
-  const float* xd;        // [M, S * 8] their scale per group of 32
-  const float* xs;        // [M, S * 8] xd * the group's int8 sum
-  const int32_t* xh;      // [M, S * 8, 2] 32 * the int8 sum of each half of the group (Q6_K's offset)
+  const float* xd;        // [M, S] their scale per superblock
+  const int16_t* b16;     // [M, S * 16] the int8 sums of every 16 activations (Q6_K's offset)
+  const int16_t* b32;     // [M, S * 8] the int8 sums of every 32 (the mins of Q4_K / Q5_K)
   const float* bias;      // [T * 16] or nullptr
   void* out;              // [M, N]
   bool out_bf16;
@@ -55,107 +62,213 @@ inline void store(const Problem& p, int64_t m, int64_t t, const float* acc) {
 
 // ---------------------------------------------------------------- scalar reference
 
-void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
+void tile_scalar(const Problem& p, int64_t t, int64_t m) {
   const int f = static_cast<int>(p.fmt);
-  const int64_t QS = super_bytes(f), SB = scale_bytes(f), Kp = p.S * kSuper, G8 = p.S * 8;
-  for (int64_t jr = 0; jr < mb; ++jr) {
-    const int64_t m = m0 + jr;
-    float acc[kRows] = {};
-    for (int64_t s = 0; s < p.S; ++s) {
-      const uint8_t* sb = p.sc + (t * p.S + s) * SB;
-      for (int j = 0; j < 8; ++j) {
-        const uint8_t* qg = p.qs + (t * p.S + s) * QS + j * group_bytes(f);
-        const int64_t g = m * G8 + s * 8 + j;
-        const int8_t* xg = p.xq + m * Kp + (s * 8 + j) * kGroup;
-        const float xd = p.xd[g];
-        for (int r = 0; r < kRows; ++r) {
-          int32_t lo = 0, hi = 0;
-          for (int k = 0; k < 16; ++k) {
-            lo += code_unsigned(f, qg, r, k) * xg[k];
-            hi += code_unsigned(f, qg, r, 16 + k) * xg[16 + k];
-          }
-          const float d = half_bits_to_float(load_u16(sb + 2 * r));
-          if (f == Q6K) {
-            const float s0 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j) * 16 + r]));
-            const float s1 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j + 1) * 16 + r]));
-            acc[r] = std::fma(static_cast<float>(lo - p.xh[2 * g]), s0 * xd, acc[r]);
-            acc[r] = std::fma(static_cast<float>(hi - p.xh[2 * g + 1]), s1 * xd, acc[r]);
-          } else {
-            int sc, mn;
-            scale_min_scalar(sb, r, j, sc, mn);
-            const float dmin = half_bits_to_float(load_u16(sb + 32 + 2 * r));
-            const float a = std::fma(static_cast<float>(lo + hi), (d * static_cast<float>(sc)) * xd, acc[r]);
-            acc[r] = std::fma(-(dmin * static_cast<float>(mn)), p.xs[g], a);
-          }
+  const int64_t QS = super_bytes(f), SB = scale_bytes(f), K = p.S * kSuper;
+  float acc[kRows] = {};
+  for (int64_t s = 0; s < p.S; ++s) {
+    const uint8_t* sb = p.sc + (t * p.S + s) * SB;
+    const uint8_t* qsb = p.qs + (t * p.S + s) * QS;
+    const int8_t* x = p.xq + m * K + s * kSuper;
+    const int16_t* b16 = p.b16 + (m * p.S + s) * 16;
+    const int16_t* b32 = p.b32 + (m * p.S + s) * 8;
+    const float xd = p.xd[m * p.S + s];
+    for (int r = 0; r < kRows; ++r) {
+      const float d = half_bits_to_float(load_u16(sb + 2 * r));
+      int32_t isum = 0;
+      if (f == Q6K) {
+        int32_t off = 0;
+        for (int b = 0; b < 16; ++b) {
+          const int32_t sc = static_cast<int8_t>(sb[32 + b * 16 + r]);
+          const uint8_t* qg = qsb + (b / 2) * group_bytes(f);
+          int32_t dot = 0;
+          for (int k = 0; k < 16; ++k) dot += code_unsigned(f, qg, r, 16 * (b % 2) + k) * x[16 * b + k];
+          isum += sc * dot;
+          off += sc * b16[b];
         }
+        isum -= 32 * off;
+      } else {
+        int32_t msum = 0;
+        for (int j = 0; j < 8; ++j) {
+          int sc, mn;
+          scale_min_scalar(sb, r, j, sc, mn);
+          const uint8_t* qg = qsb + j * group_bytes(f);
+          int32_t dot = 0;
+          for (int k = 0; k < kGroup; ++k) dot += code_unsigned(f, qg, r, k) * x[kGroup * j + k];
+          isum += sc * dot;
+          msum += mn * b32[j];
+        }
+        const float dmin = half_bits_to_float(load_u16(sb + 32 + 2 * r));
+        acc[r] = std::fma(static_cast<float>(msum), -(dmin * xd), acc[r]);
       }
+      acc[r] = std::fma(static_cast<float>(isum), d * xd, acc[r]);
     }
-    store(p, m, t, acc);
   }
+  store(p, m, t, acc);
 }
 
 #ifdef KILN_KQ_X86
 #define KILN_KQ_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 
-inline int32_t load_i32(const int8_t* b) {
+inline int32_t load_i32(const void* b) {
   int32_t v;
   std::memcpy(&v, b, 4);
   return v;
 }
 
+// Group j's 6-bit scales (sc) and mins (m) of 16 rows (Half: the 8 rows of half rh), GGUF's
+// get_scale_min_k4 per byte, reading only the three scale bytes group j needs.
+template <bool Half>
+KILN_KQ_AVX2 inline void scale_min_at(const uint8_t* sb, int j, int rh, __m128i& sc, __m128i& m) {
+  const auto L = [&](int b) {
+    const __m128i* q = reinterpret_cast<const __m128i*>(sb + 64 + 16 * b + 8 * rh);
+    return Half ? _mm_loadl_epi64(q) : _mm_loadu_si128(q);
+  };
+  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+  if (j < 4) {
+    sc = _mm_and_si128(L(j), m63);
+    m = _mm_and_si128(L(j + 4), m63);
+  } else {
+    const __m128i b4 = L(j + 4);
+    const __m128i top_lo = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(L(j - 4), 6), m3), 4);
+    const __m128i top_hi = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(L(j), 6), m3), 4);
+    sc = _mm_or_si128(_mm_and_si128(b4, m15), top_lo);
+    m = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b4, 4), m15), top_hi);
+  }
+}
+
 // ------------------------------------------------------------ AVX512-VNNI: a tile's 16 rows in one vector
+
+// dword lane r = (lo[r], hi[r]) as two int16: what vpdpwssd multiplies with a pair of int16 sums
+KILN_KQ_VNNI inline __m512i pairs16(__m512i lo, __m512i hi) {
+  return _mm512_mask_blend_epi16(0xAAAAAAAAu, lo, _mm512_slli_epi32(hi, 16));
+}
+
+// Q6_K's unsigned codes (0..63) of half h (K 16h + 4c + i) of group qg, 16 rows
+KILN_KQ_VNNI inline __m512i q6_half_avx512(const uint8_t* qg, int c, int h) {
+  const __m512i m15 = _mm512_set1_epi8(15), three = _mm512_set1_epi8(3);
+  const __m512i v = _mm512_loadu_si512(qg + c * 64);
+  const __m512i n = h ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m15) : _mm512_and_si512(v, m15);
+  const __m512i hb = _mm512_loadu_si512(qg + 256 + 64 * h);
+  return _mm512_or_si512(n, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * c), three), 4));
+}
 
 template <int F, int NT, int MB>
 KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
-  const int64_t Kp = p.S * kSuper, G8 = p.S * 8;
-  const __m512i m15 = _mm512_set1_epi8(15);
+  constexpr bool kTwoChains = NT * MB <= 4;   // few independent rows: split a group's dot product in two
+  const int64_t S = p.S, K = S * kSuper;
+  const __m512i m15 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
   __m512 acc[NT][MB];
   for (int a = 0; a < NT; ++a)
     for (int j = 0; j < MB; ++j) acc[a][j] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < p.S; ++s) {
-    __m512 f0[NT][8], f1[NT][8];
-    for (int a = 0; a < NT; ++a) scales_avx512<F>(p.sc + ((t + a) * p.S + s) * SB, f0[a], f1[a]);
-    for (int g = 0; g < 8; ++g) {
-      for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, p.S, t + a, s, g, NT);
-      __m512i il[NT][MB], ih[NT][MB];
-      for (int a = 0; a < NT; ++a)
-        for (int j = 0; j < MB; ++j) il[a][j] = ih[a][j] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        __m512i vl[NT], vh[NT];
+  for (int64_t s = 0; s < S; ++s) {
+    const uint8_t* sb[NT];
+    const uint8_t* qb[NT];
+    for (int a = 0; a < NT; ++a) {
+      sb[a] = p.sc + ((t + a) * S + s) * SB;
+      qb[a] = p.qs + ((t + a) * S + s) * QS;
+    }
+    __m512i isum[NT][MB];
+    for (int a = 0; a < NT; ++a)
+      for (int j = 0; j < MB; ++j) isum[a][j] = zero;
+    if constexpr (F == Q6K) {   // isum starts at -32 * sum_b sc_b * (sum of sub-block b's activations)
+      for (int q = 0; q < 8; ++q)
         for (int a = 0; a < NT; ++a) {
-          codes_avx512<F, false>(p.qs + ((t + a) * p.S + s) * QS + g * QB, c, vl[a], vh[a]);
-          if (F == Q4K) {   // codes_avx512 leaves Q4_K's nibble pairs together
-            vh[a] = _mm512_and_si512(_mm512_srli_epi16(vl[a], 4), m15);
-            vl[a] = _mm512_and_si512(vl[a], m15);
+          const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 32 + 32 * q)));
+          const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 48 + 32 * q)));
+          const __m512i pr = pairs16(_mm512_sub_epi32(zero, _mm512_slli_epi32(lo, 5)),
+                                     _mm512_sub_epi32(zero, _mm512_slli_epi32(hi, 5)));
+          for (int j = 0; j < MB; ++j)
+            isum[a][j] = _mm512_dpwssd_epi32(isum[a][j], pr,
+                                             _mm512_set1_epi32(load_i32(p.b16 + ((m0 + j) * S + s) * 16 + 2 * q)));
+        }
+    } else {   // the mins: acc = fma(float(msum), -(dmin * xd), acc)
+      __m512i ms[NT][MB];
+      for (int a = 0; a < NT; ++a)
+        for (int j = 0; j < MB; ++j) ms[a][j] = zero;
+      for (int q = 0; q < 4; ++q)
+        for (int a = 0; a < NT; ++a) {
+          __m128i sc0, mn0, sc1, mn1;
+          scale_min_at<false>(sb[a], 2 * q, 0, sc0, mn0);
+          scale_min_at<false>(sb[a], 2 * q + 1, 0, sc1, mn1);
+          const __m512i pr = pairs16(_mm512_cvtepu8_epi32(mn0), _mm512_cvtepu8_epi32(mn1));
+          for (int j = 0; j < MB; ++j)
+            ms[a][j] = _mm512_dpwssd_epi32(ms[a][j], pr,
+                                           _mm512_set1_epi32(load_i32(p.b32 + ((m0 + j) * S + s) * 8 + 2 * q)));
+        }
+      for (int a = 0; a < NT; ++a) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb[a] + 32)));
+        for (int j = 0; j < MB; ++j) {
+          const __m512 f = _mm512_mul_ps(dmin, _mm512_set1_ps(p.xd[(m0 + j) * S + s]));
+          acc[a][j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[a][j]), f, acc[a][j]);
+        }
+      }
+    }
+    for (int g = 0; g < 8; ++g) {
+      for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, S, t + a, s, g, NT);
+      const int64_t xo = s * kSuper + g * kGroup;
+      if constexpr (F == Q6K) {
+        for (int h = 0; h < 2; ++h) {
+          __m512i dot[NT][MB];
+          for (int a = 0; a < NT; ++a)
+            for (int j = 0; j < MB; ++j) dot[a][j] = zero;
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            __m512i v[NT];
+            for (int a = 0; a < NT; ++a) v[a] = q6_half_avx512(qb[a] + g * QB, c, h);
+            for (int j = 0; j < MB; ++j) {
+              const __m512i xb = _mm512_set1_epi32(load_i32(p.xq + (m0 + j) * K + xo + 16 * h + 4 * c));
+              for (int a = 0; a < NT; ++a) dot[a][j] = _mm512_dpbusd_epi32(dot[a][j], v[a], xb);
+            }
+          }
+          for (int a = 0; a < NT; ++a) {
+            const __m512i sc = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 32 + (2 * g + h) * 16)));
+            for (int j = 0; j < MB; ++j) isum[a][j] = _mm512_add_epi32(isum[a][j], _mm512_mullo_epi32(dot[a][j], sc));
           }
         }
-        for (int j = 0; j < MB; ++j) {
-          const int8_t* xg = p.xq + (m0 + j) * Kp + (s * 8 + g) * kGroup;
-          const __m512i xl = _mm512_set1_epi32(load_i32(xg + 4 * c));
-          const __m512i xh = _mm512_set1_epi32(load_i32(xg + 16 + 4 * c));
+      } else {
+        __m512i dl[NT][MB], dh[NT][MB];
+        for (int a = 0; a < NT; ++a)
+          for (int j = 0; j < MB; ++j) dl[a][j] = dh[a][j] = zero;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          __m512i vl[NT], vh[NT];
           for (int a = 0; a < NT; ++a) {
-            il[a][j] = _mm512_dpbusd_epi32(il[a][j], vl[a], xl);
-            ih[a][j] = _mm512_dpbusd_epi32(ih[a][j], vh[a], xh);
+            codes_avx512<F, false>(qb[a] + g * QB, c, vl[a], vh[a]);
+            if (F == Q4K) {   // codes_avx512 leaves Q4_K's nibble pairs together
+              vh[a] = _mm512_and_si512(_mm512_srli_epi16(vl[a], 4), m15);
+              vl[a] = _mm512_and_si512(vl[a], m15);
+            }
+          }
+          for (int j = 0; j < MB; ++j) {
+            const int8_t* xg = p.xq + (m0 + j) * K + xo;
+            const __m512i xl = _mm512_set1_epi32(load_i32(xg + 4 * c));
+            const __m512i xh = _mm512_set1_epi32(load_i32(xg + 16 + 4 * c));
+            for (int a = 0; a < NT; ++a) {
+              dl[a][j] = _mm512_dpbusd_epi32(dl[a][j], vl[a], xl);
+              if (kTwoChains) dh[a][j] = _mm512_dpbusd_epi32(dh[a][j], vh[a], xh);
+              else dl[a][j] = _mm512_dpbusd_epi32(dl[a][j], vh[a], xh);
+            }
+          }
+        }
+        for (int a = 0; a < NT; ++a) {
+          __m128i sc, mn;
+          scale_min_at<false>(sb[a], g, 0, sc, mn);
+          const __m512i scv = _mm512_cvtepu8_epi32(sc);
+          for (int j = 0; j < MB; ++j) {
+            const __m512i dot = kTwoChains ? _mm512_add_epi32(dl[a][j], dh[a][j]) : dl[a][j];
+            isum[a][j] = _mm512_add_epi32(isum[a][j], _mm512_mullo_epi32(dot, scv));
           }
         }
       }
+    }
+    for (int a = 0; a < NT; ++a) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb[a])));
       for (int j = 0; j < MB; ++j) {
-        const int64_t gi = (m0 + j) * G8 + s * 8 + g;
-        const __m512 xd = _mm512_set1_ps(p.xd[gi]);
-        for (int a = 0; a < NT; ++a) {
-          if (F == Q6K) {
-            const __m512i lo = _mm512_sub_epi32(il[a][j], _mm512_set1_epi32(p.xh[2 * gi]));
-            const __m512i hi = _mm512_sub_epi32(ih[a][j], _mm512_set1_epi32(p.xh[2 * gi + 1]));
-            acc[a][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(f0[a][g], xd), acc[a][j]);
-            acc[a][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(f1[a][g], xd), acc[a][j]);
-          } else {
-            const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(il[a][j], ih[a][j]));
-            const __m512 v = _mm512_fmadd_ps(sum, _mm512_mul_ps(f0[a][g], xd), acc[a][j]);
-            acc[a][j] = _mm512_fmadd_ps(f1[a][g], _mm512_set1_ps(p.xs[gi]), v);
-          }
-        }
+        const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(p.xd[(m0 + j) * S + s]));
+        acc[a][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[a][j]), f, acc[a][j]);
       }
     }
   }
@@ -163,92 +276,195 @@ KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*ou
     for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out[a][j], acc[a][j]);
 }
 
-// ------------------------------------------------------------ AVX2: half h of a tile (8 rows) a vector
+// ------------------------------------------------------------ AVX2: half rh of a tile (8 rows) a vector
 
-// maddubs pairs an unsigned code byte with a signed activation byte into int16: at most 2 * 63 * 128 in
-// magnitude (no saturation), and Q4_K / Q5_K's low and high halves add up to at most 2 * 2 * 31 * 128.
-template <int F, int NT, int MB>
-KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kMaxMB][kRows]) {
+KILN_KQ_AVX2 inline __m256i pairs16_avx2(__m256i lo, __m256i hi) {
+  return _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA);
+}
+
+// Q6_K's unsigned codes of half h of group qg, rows half rh
+KILN_KQ_AVX2 inline __m256i q6_half_avx2(const uint8_t* qg, int c, int h, int rh) {
+  const __m256i m15 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32 * rh));
+  const __m256i n = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m15) : _mm256_and_si256(v, m15);
+  const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 256 + 64 * h + 32 * rh));
+  return _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), three), 4));
+}
+
+// maddubs pairs an unsigned code byte with a signed activation byte (|xq| <= 127) into int16, and
+// several of those add up in int16 before madd scales them: Q4_K 8 (8 * 2 * 15 * 127 = 30480), Q5_K 4
+// (4 * 2 * 31 * 127 = 31496), Q6_K 2 (2 * 2 * 63 * 127 = 32004), never past 32767.
+//
+// U = NT * H vectors side by side: NT tiles, each in H halves (H = 2: both of a tile's halves in one pass,
+// every code byte read once; H = 1: half rh0 only, the caller runs the other half next).
+template <int F, int NT, int MB, int H>
+KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
-  const int64_t Kp = p.S * kSuper, G8 = p.S * 8;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[NT][MB];
-  for (int a = 0; a < NT; ++a)
+  constexpr int U = NT * H;
+  int rhs[U];
+  for (int a = 0; a < U; ++a) rhs[a] = H == 2 ? a % 2 : rh0;
+  const int64_t S = p.S, K = S * kSuper;
+  const __m256i zero = _mm256_setzero_si256();
+  __m256 acc[U][MB];
+  for (int a = 0; a < U; ++a)
     for (int j = 0; j < MB; ++j) acc[a][j] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < p.S; ++s) {
-    __m256 f0[NT][8], f1[NT][8];
-    for (int a = 0; a < NT; ++a) scales_avx2<F>(p.sc + ((t + a) * p.S + s) * SB, h, f0[a], f1[a]);
-    for (int g = 0; g < 8; ++g) {
-      if (h == 0)
-        for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, p.S, t + a, s, g, NT);
-      __m256i il[NT][MB], ih[NT][MB];
-      for (int a = 0; a < NT; ++a)
-        for (int j = 0; j < MB; ++j) il[a][j] = ih[a][j] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        __m256i vl[NT], vh[NT];
-        for (int a = 0; a < NT; ++a) codes_avx2<F, false>(p.qs + ((t + a) * p.S + s) * QS + g * QB, c, h, vl[a], vh[a]);
-        for (int j = 0; j < MB; ++j) {
-          const int8_t* xg = p.xq + (m0 + j) * Kp + (s * 8 + g) * kGroup;
-          const __m256i xl = _mm256_set1_epi32(load_i32(xg + 4 * c));
-          const __m256i xh = _mm256_set1_epi32(load_i32(xg + 16 + 4 * c));
-          for (int a = 0; a < NT; ++a) {
-            const __m256i pl = _mm256_maddubs_epi16(vl[a], xl), ph = _mm256_maddubs_epi16(vh[a], xh);
-            if (F == Q6K) {
-              il[a][j] = _mm256_add_epi32(il[a][j], _mm256_madd_epi16(pl, ones));
-              ih[a][j] = _mm256_add_epi32(ih[a][j], _mm256_madd_epi16(ph, ones));
-            } else {
-              il[a][j] = _mm256_add_epi32(il[a][j], _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones));
-            }
-          }
+  for (int64_t s = 0; s < S; ++s) {
+    const uint8_t* sb[U];
+    const uint8_t* qb[U];
+    for (int a = 0; a < U; ++a) {
+      sb[a] = p.sc + ((t + a / H) * S + s) * SB;
+      qb[a] = p.qs + ((t + a / H) * S + s) * QS;
+    }
+    __m256i isum[U][MB];
+    for (int a = 0; a < U; ++a)
+      for (int j = 0; j < MB; ++j) isum[a][j] = zero;
+    if constexpr (F == Q6K) {
+      for (int q = 0; q < 8; ++q)
+        for (int a = 0; a < U; ++a) {
+          const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + 32 * q + 8 * rhs[a])));
+          const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 48 + 32 * q + 8 * rhs[a])));
+          const __m256i pr = pairs16_avx2(_mm256_sub_epi32(zero, _mm256_slli_epi32(lo, 5)),
+                                          _mm256_sub_epi32(zero, _mm256_slli_epi32(hi, 5)));
+          for (int j = 0; j < MB; ++j)
+            isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
+                                                          p.b16 + ((m0 + j) * S + s) * 16 + 2 * q))));
         }
-      }
-      for (int j = 0; j < MB; ++j) {
-        const int64_t gi = (m0 + j) * G8 + s * 8 + g;
-        const __m256 xd = _mm256_set1_ps(p.xd[gi]);
-        for (int a = 0; a < NT; ++a) {
-          if (F == Q6K) {
-            const __m256i lo = _mm256_sub_epi32(il[a][j], _mm256_set1_epi32(p.xh[2 * gi]));
-            const __m256i hi = _mm256_sub_epi32(ih[a][j], _mm256_set1_epi32(p.xh[2 * gi + 1]));
-            acc[a][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(f0[a][g], xd), acc[a][j]);
-            acc[a][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(f1[a][g], xd), acc[a][j]);
-          } else {
-            const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il[a][j]), _mm256_mul_ps(f0[a][g], xd), acc[a][j]);
-            acc[a][j] = _mm256_fmadd_ps(f1[a][g], _mm256_set1_ps(p.xs[gi]), v);
-          }
+    } else {
+      __m256i ms[U][MB];
+      for (int a = 0; a < U; ++a)
+        for (int j = 0; j < MB; ++j) ms[a][j] = zero;
+      for (int q = 0; q < 4; ++q)
+        for (int a = 0; a < U; ++a) {
+          __m128i sc0, mn0, sc1, mn1;
+          scale_min_at<true>(sb[a], 2 * q, rhs[a], sc0, mn0);
+          scale_min_at<true>(sb[a], 2 * q + 1, rhs[a], sc1, mn1);
+          const __m256i pr = pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
+          for (int j = 0; j < MB; ++j)
+            ms[a][j] = _mm256_add_epi32(ms[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
+                                                      p.b32 + ((m0 + j) * S + s) * 8 + 2 * q))));
+        }
+      for (int a = 0; a < U; ++a) {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 32 + 16 * rhs[a])));
+        for (int j = 0; j < MB; ++j) {
+          const __m256 f = _mm256_mul_ps(dmin, _mm256_set1_ps(p.xd[(m0 + j) * S + s]));
+          acc[a][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[a][j]), f, acc[a][j]);
         }
       }
     }
+    for (int g = 0; g < 8; ++g) {
+      if (rh0 == 0)
+        for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, S, t + a, s, g, NT);
+      const int64_t xo = s * kSuper + g * kGroup;
+      if constexpr (F == Q6K) {
+        for (int h = 0; h < 2; ++h) {
+          __m256i scv[U];
+          for (int a = 0; a < U; ++a) {
+            const __m256i s32 = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + (2 * g + h) * 16 + 8 * rhs[a])));
+            scv[a] = pairs16_avx2(s32, s32);
+          }
+          for (int c0 = 0; c0 < 4; c0 += 2) {
+            __m256i p16[U][MB];
+            for (int c = c0; c < c0 + 2; ++c) {
+              __m256i v[U];
+              for (int a = 0; a < U; ++a) v[a] = q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
+              for (int j = 0; j < MB; ++j) {
+                const __m256i xb = _mm256_set1_epi32(load_i32(p.xq + (m0 + j) * K + xo + 16 * h + 4 * c));
+                for (int a = 0; a < U; ++a) {
+                  const __m256i pr = _mm256_maddubs_epi16(v[a], xb);
+                  p16[a][j] = c == c0 ? pr : _mm256_add_epi16(p16[a][j], pr);
+                }
+              }
+            }
+            for (int a = 0; a < U; ++a)
+              for (int j = 0; j < MB; ++j) isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(p16[a][j], scv[a]));
+          }
+        }
+      } else {
+        constexpr int kPer = F == Q4K ? 4 : 2;   // c steps summed in int16 before one madd
+        __m256i scv[U];
+        for (int a = 0; a < U; ++a) {
+          __m128i sc, mn;
+          scale_min_at<true>(sb[a], g, rhs[a], sc, mn);
+          const __m256i s32 = _mm256_cvtepu8_epi32(sc);
+          scv[a] = pairs16_avx2(s32, s32);
+        }
+        for (int c0 = 0; c0 < 4; c0 += kPer) {
+          __m256i p16[U][MB];
+          for (int c = c0; c < c0 + kPer; ++c) {
+            __m256i vl[U], vh[U];
+            for (int a = 0; a < U; ++a) codes_avx2<F, false>(qb[a] + g * QB, c, rhs[a], vl[a], vh[a]);
+            for (int j = 0; j < MB; ++j) {
+              const int8_t* xg = p.xq + (m0 + j) * K + xo;
+              const __m256i xl = _mm256_set1_epi32(load_i32(xg + 4 * c));
+              const __m256i xh = _mm256_set1_epi32(load_i32(xg + 16 + 4 * c));
+              for (int a = 0; a < U; ++a) {
+                const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(vl[a], xl), _mm256_maddubs_epi16(vh[a], xh));
+                p16[a][j] = c == c0 ? pr : _mm256_add_epi16(p16[a][j], pr);
+              }
+            }
+          }
+          for (int a = 0; a < U; ++a)
+            for (int j = 0; j < MB; ++j) isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(p16[a][j], scv[a]));
+        }
+      }
+    }
+    for (int a = 0; a < U; ++a) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 16 * rhs[a])));
+      for (int j = 0; j < MB; ++j) {
+        const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(p.xd[(m0 + j) * S + s]));
+        acc[a][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[a][j]), f, acc[a][j]);
+      }
+    }
   }
-  for (int a = 0; a < NT; ++a)
-    for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a][j] + 8 * h, acc[a][j]);
+  for (int a = 0; a < U; ++a)
+    for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a / H][j] + 8 * rhs[a], acc[a][j]);
 }
 
-// Tiles [t0, t1) for every activation row, in blocks of up to 4 rows: one row reads several tiles side
-// by side (independent chains hide the dot products' latency), more rows share each code vector.
+template <int F>
+KILN_KQ_VNNI void rows_vnni(const Problem& p, int64_t t, int64_t m0, int mb, float (*out)[kMaxMB][kRows]) {
+  switch (mb) {
+    case 1: return tiles_vnni<F, 1, 1>(p, t, m0, out);
+    case 2: return tiles_vnni<F, 1, 2>(p, t, m0, out);
+    case 3: return tiles_vnni<F, 1, 3>(p, t, m0, out);
+    case 4: return tiles_vnni<F, 1, 4>(p, t, m0, out);
+    case 5: return tiles_vnni<F, 1, 5>(p, t, m0, out);
+    case 6: return tiles_vnni<F, 1, 6>(p, t, m0, out);
+    case 7: return tiles_vnni<F, 1, 7>(p, t, m0, out);
+    default: return tiles_vnni<F, 1, 8>(p, t, m0, out);
+  }
+}
+
+template <int F>
+KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int rh, float (*out)[kMaxMB][kRows]) {
+  switch (mb) {
+    case 1: return tiles_avx2<F, 1, 1, 1>(p, t, m0, rh, out);
+    case 2: return tiles_avx2<F, 1, 2, 1>(p, t, m0, rh, out);
+    case 3: return tiles_avx2<F, 1, 3, 1>(p, t, m0, rh, out);
+    default: return tiles_avx2<F, 1, 4, 1>(p, t, m0, rh, out);
+  }
+}
+
+// Tiles [t0, t1) for every activation row, in blocks of up to 8 rows (AVX2: 4): one row reads several
+// tiles side by side (independent chains hide the dot products' latency), more rows share each code
+// vector.
 template <int F>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   float out[4][kMaxMB][kRows];
-  for (int64_t m0 = 0; m0 < p.M; m0 += kMaxMB) {
-    const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, p.M - m0));
-    const int want = vnni ? (mb == 1 ? 4 : mb == 2 ? 2 : 1) : (mb == 1 ? 2 : 1);
+  const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
+  for (int64_t m0 = 0; m0 < p.M; m0 += block) {
+    const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
+    const int want = vnni ? (mb == 1 ? 4 : mb == 2 ? 2 : 1) : 1;
     for (int64_t t = t0; t < t1;) {
       const int nt = t1 - t >= want ? want : 1;
       if (vnni) {
         if (nt == 4) tiles_vnni<F, 4, 1>(p, t, m0, out);
         else if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
-        else if (mb == 1) tiles_vnni<F, 1, 1>(p, t, m0, out);
-        else if (mb == 2) tiles_vnni<F, 1, 2>(p, t, m0, out);
-        else if (mb == 3) tiles_vnni<F, 1, 3>(p, t, m0, out);
-        else tiles_vnni<F, 1, 4>(p, t, m0, out);
+        else rows_vnni<F>(p, t, m0, mb, out);
       } else {
-        for (int h = 0; h < 2; ++h) {
-          if (nt == 2) tiles_avx2<F, 2, 1>(p, t, m0, h, out);
-          else if (mb == 1) tiles_avx2<F, 1, 1>(p, t, m0, h, out);
-          else if (mb == 2) tiles_avx2<F, 1, 2>(p, t, m0, h, out);
-          else if (mb == 3) tiles_avx2<F, 1, 3>(p, t, m0, h, out);
-          else tiles_avx2<F, 1, 4>(p, t, m0, h, out);
-        }
+        if (mb == 1) tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
+        else
+          for (int rh = 0; rh < 2; ++rh) rows_avx2<F>(p, t, m0, mb, rh, out);
       }
       for (int a = 0; a < nt; ++a)
         for (int j = 0; j < mb; ++j) store(p, m0 + j, t + a, out[a][j]);
@@ -265,7 +481,7 @@ namespace kiln {
 torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales,
                                    int64_t fmt, int64_t n, const c10::optional<torch::Tensor>& bias, int64_t isa,
                                    bool out_float) {
-  const int64_t M = x.size(0), K = x.size(1), S = K / kSuper, G8 = S * 8;
+  const int64_t M = x.size(0), K = x.size(1), S = K / kSuper;
   const int f = static_cast<int>(fmt);
   const int64_t T = qs.size(0);
   const int64_t level = resolve_isa(isa, "kiln qlinear_kquant");
@@ -274,21 +490,13 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
   if (M == 0 || n == 0) return y;
 
   thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xd, xs;
-  thread_local std::vector<int32_t> xh;
+  thread_local std::vector<float> xd;
+  thread_local std::vector<int16_t> b16, b32;
   xq.resize(static_cast<size_t>(M * K));
-  xd.resize(static_cast<size_t>(M * G8));
-  xs.resize(static_cast<size_t>(M * G8));
-  quantize_activation_rows(level, x.data_ptr(), bf16, M, K, xq.data(), xd.data(), xs.data());
-  if (f == Q6K) {
-    xh.resize(static_cast<size_t>(M * G8 * 2));
-    for (int64_t g = 0; g < M * G8; ++g)
-      for (int h = 0; h < 2; ++h) {
-        int32_t sum = 0;
-        for (int i = 0; i < 16; ++i) sum += xq[g * kGroup + 16 * h + i];
-        xh[2 * g + h] = 32 * sum;
-      }
-  }
+  xd.resize(static_cast<size_t>(M * S));
+  b16.resize(static_cast<size_t>(M * S * 16));
+  b32.resize(static_cast<size_t>(M * S * 8));
+  quantize_activation_rows_256(level, x.data_ptr(), bf16, M, K, xq.data(), xd.data(), b16.data(), b32.data());
   std::vector<float> bias_pad;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, "kiln qlinear_kquant: bias must have n elements");
@@ -296,8 +504,8 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
     bias_pad.assign(static_cast<size_t>(T * kRows), 0.0f);
     std::memcpy(bias_pad.data(), b.data_ptr<float>(), sizeof(float) * n);
   }
-  const Problem p{fmt, M, n, S, qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), xq.data(), xd.data(), xs.data(),
-                  f == Q6K ? xh.data() : nullptr, bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(),
+  const Problem p{fmt, M, n, S, qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), xq.data(), xd.data(), b16.data(),
+                  b32.data(), bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(),
                   y.scalar_type() == torch::kBFloat16};
   const bool vnni = level >= ISA_AVX512 && cpu_has_avx512_vnni();
   const int64_t chunk = kquant_chunk_tiles(T, S * (super_bytes(f) + scale_bytes(f)));
@@ -311,7 +519,7 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
     }
 #endif
     for (int64_t t = t0; t < t1; ++t)
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) tile_scalar(p, t, m0, std::min<int64_t>(kMaxMB, M - m0));
+      for (int64_t m = 0; m < M; ++m) tile_scalar(p, t, m);
   });
   return y;
 }
