@@ -25,8 +25,12 @@ from kiln.model.quant import (
 
 Q = GGMLQuantizationType
 # Q5_0 / Q5_1: llama-quantize's fallback for a Q4_K / Q5_K tensor whose rows are not whole superblocks of
-# 256 (every K=576 projection of SmolLM2-135M's Q4_K_M / Q5_K_M): dequantized at load, served dense
-SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# 256 (every K=576 projection of SmolLM2-135M's Q4_K_M / Q5_K_M): dequantized at load, served dense.
+# IQ4_NL / IQ4_XS (4-bit codes through a fixed non-linear table; IQ4_XS falls back to IQ4_NL where K is
+# not whole superblocks): no kernel takes their blocks, so they are dequantized at load and served dense
+# too, and the startup log's "weights served" line says so per type
+SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                    Q.IQ4_NL, Q.IQ4_XS)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
