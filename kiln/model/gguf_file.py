@@ -13,7 +13,9 @@ one tensor of the file at a time instead of all of it.
 
 from __future__ import annotations
 
+import functools
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,26 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     """Only the key/values (tokenizer.* included), as plain Python values (str, int, float, bool, lists)."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         return _read_header(buf, path)[2]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]   # torch order, as GGUFTensor's
+
+
+def read_gguf_tensor_infos(path: str | Path) -> tuple[TensorInfo, ...]:
+    """The tensors' names, types and shapes, parsed once per version of the file (its size and mtime):
+    the loader asks for them twice before it reads the file (auto's choice, the dense copy's size),
+    and each parse walks the whole vocabulary."""
+    st = os.stat(path)
+    return _tensor_infos(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _tensor_infos(path: str, size: int, mtime_ns: int) -> tuple[TensorInfo, ...]:
+    return tuple(TensorInfo(t.name, t.qtype, t.shape) for t in read_gguf(path).tensors)
 
 
 def read_gguf(path: str | Path) -> GGUFFile:

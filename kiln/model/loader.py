@@ -17,7 +17,7 @@ from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
-from kiln.model.gguf_file import read_gguf
+from kiln.model.gguf_file import read_gguf_tensor_infos
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
@@ -132,7 +132,7 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
         return "none"
     packable = kquants = total = 0
     # (kiln's own parser: gguf.GGUFReader takes seconds over a 50k-token vocabulary)
-    for t in read_gguf(p).tensors:
+    for t in read_gguf_tensor_infos(p):
         if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
             n = math.prod(t.shape)
             total += n
@@ -249,7 +249,7 @@ def dense_copy_bytes(path: str | Path, dtype: torch.dtype) -> int:
     if not (p.is_file() and p.suffix == ".gguf"):
         return 0
     size = torch.empty((), dtype=dtype).element_size()
-    return sum(math.prod(t.shape) for t in read_gguf(str(p)).tensors) * size
+    return sum(math.prod(t.shape) for t in read_gguf_tensor_infos(p)) * size
 
 
 def describe_held_weights(model: Transformer) -> str:

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import IQ4_NL, dequantize, quantize
 
 from kiln.model.config import ModelConfig, UnsupportedModelError
-from kiln.model.gguf_file import read_gguf
+from kiln.model.gguf_file import read_gguf, read_gguf_tensor_infos
 from kiln.model.gguf_loader import dequantize_tensor, hf_name
 from kiln.model.loader import load_model, load_weights
 from kiln.model.rope import rope_inv_freq
@@ -275,3 +275,21 @@ def test_every_supported_type_reads_like_gguf_reader(tmp_path: Path) -> None:
     assert ours.tensors[0].shape == (4, 256)
     assert ours.tensors[-3].shape == (2, 512)
     assert ours.tensors[-2].shape == (3, 256) and ours.tensors[-1].shape == (2, 256)
+
+
+def test_tensor_infos_follow_the_file_when_it_is_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "infos.gguf"
+
+    def write(rows: int) -> None:
+        writer = GGUFWriter(str(path), "llama")
+        writer.add_tensor("w", np.zeros((rows, 64), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    write(2)
+    (info,) = read_gguf_tensor_infos(path)
+    assert (info.name, info.qtype, info.shape) == ("w", Q.F32, (2, 64))
+    write(3)   # a new size: a new version of the file, parsed again
+    assert read_gguf_tensor_infos(path)[0].shape == (3, 64)
