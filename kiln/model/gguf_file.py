@@ -3,11 +3,19 @@
 `gguf.GGUFReader` wraps every array element in a numpy memmap, which costs ~3 s for a vocabulary of
 50k tokens + merges; parsing with `struct` over an mmap takes a few hundred ms. Tensor payloads stay
 in the format `gguf.quants.dequantize` expects (rows x bytes for quantized types).
+
+The file is mapped read-only and shared, so every page a loader reads counts in its resident set
+until the mapping goes: a loader that copies each tensor out (packs its blocks, dequantizes it) calls
+`GGUFFile.release` once done with it, which drops that range's pages from the process (the page cache
+keeps them; reading the range again faults them back in, from the same bytes), so loading holds about
+one tensor of the file at a time instead of all of it.
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +49,30 @@ class GGUFTensor:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]   # torch order (outermost first), i.e. GGUF dims reversed
     data: np.ndarray         # float array of `shape` for F32/F16; uint8 [..., row bytes] otherwise
+    offset: int = 0          # where `data` starts in the file
 
 
 @dataclass
 class GGUFFile:
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
+    mapping: mmap.mmap | None = None   # the file's read-only mapping, which every tensor's `data` views
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """Drop `tensor`'s pages from this process's resident set (MADV_DONTNEED on its range, widened
+        to whole pages). Safe whatever still views them: the mapping is a read-only view of the file,
+        so a later read faults the same bytes back in."""
+        release_range(self.mapping, tensor.offset, tensor.data.nbytes)
+
+
+def release_range(buf: mmap.mmap | None, start: int, length: int) -> None:
+    """MADV_DONTNEED over the whole pages covering `[start, start + length)` of `buf` (a no-op where
+    the platform has no madvise)."""
+    if buf is None or length <= 0 or not hasattr(buf, "madvise"):
+        return
+    lo = start - start % mmap.PAGESIZE
+    hi = min(len(buf), start + length)
+    buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 class _Cursor:
@@ -104,6 +130,26 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
         return _read_header(buf, path)[2]
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]   # torch order, as GGUFTensor's
+
+
+def read_gguf_tensor_infos(path: str | Path) -> tuple[TensorInfo, ...]:
+    """The tensors' names, types and shapes, parsed once per version of the file (its size and mtime):
+    the loader asks for them twice before it reads the file (auto's choice, the dense copy's size),
+    and each parse walks the whole vocabulary."""
+    st = os.stat(path)
+    return _tensor_infos(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _tensor_infos(path: str, size: int, mtime_ns: int) -> tuple[TensorInfo, ...]:
+    return tuple(TensorInfo(t.name, t.qtype, t.shape) for t in read_gguf(path).tensors)
+
+
 def read_gguf(path: str | Path) -> GGUFFile:
     with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -117,6 +163,8 @@ def read_gguf(path: str | Path) -> GGUFFile:
         infos.append((name, dims, qtype, offset))
     alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
     data_start = -(-cur.pos // alignment) * alignment
+    # the key/values (a vocabulary, its merges: megabytes) are Python values now
+    release_range(buf, 0, cur.pos)
 
     tensors = []
     for name, dims, qtype_id, offset in infos:
@@ -135,5 +183,5 @@ def read_gguf(path: str | Path) -> GGUFFile:
         else:
             raw = np.frombuffer(buf, dtype=np.uint8, count=n_rows * row_bytes, offset=start)
             data = raw.reshape(*shape[:-1], row_bytes)
-        tensors.append(GGUFTensor(name, qtype, shape, data))
-    return GGUFFile(metadata, tensors)
+        tensors.append(GGUFTensor(name, qtype, shape, data, start))
+    return GGUFFile(metadata, tensors, buf)

@@ -25,8 +25,12 @@ from kiln.model.quant import (
 
 Q = GGMLQuantizationType
 # Q5_0 / Q5_1: llama-quantize's fallback for a Q4_K / Q5_K tensor whose rows are not whole superblocks of
-# 256 (every K=576 projection of SmolLM2-135M's Q4_K_M / Q5_K_M): dequantized at load, served dense
-SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# 256 (every K=576 projection of SmolLM2-135M's Q4_K_M / Q5_K_M): dequantized at load, served dense.
+# IQ4_NL / IQ4_XS (4-bit codes through a fixed non-linear table; IQ4_XS falls back to IQ4_NL where K is
+# not whole superblocks): no kernel takes their blocks, so they are dequantized at load and served dense
+# too, and the startup log's "weights served" line says so per type
+SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                    Q.IQ4_NL, Q.IQ4_XS)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -88,34 +92,47 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
         )
     tensors: dict[str, Tensor] = {}
     for t in gguf.tensors:
-        if t.name == "rope_freqs.weight":
-            # llama.cpp's encoding of llama3 rope scaling: per-frequency divisors
-            scaling = {"rope_type": "freq_factors", "factors": dequantize_tensor(t).float().tolist()}
-            config = dataclasses.replace(config, rope_scaling=scaling)
-            continue
-        heads = None
-        if config.architecture == "llama":
-            if ".attn_q." in t.name:
-                heads = config.num_attention_heads
-            elif ".attn_k." in t.name:
-                heads = config.num_key_value_heads
-        name = hf_name(t.name)
-        if types is not None:
-            types[name] = t.qtype.name
-        pw = None
-        if packed is not None and len(t.shape) == 2:
-            pw = pack_gguf_tensor(t, heads) if kquants or t.qtype not in _K_KINDS else None
-            if pw is not None:
-                packed[name] = pw
-        if pw is not None and blocks_only:
-            # the blocks are the weight: no dense copy (the model dequantizes where it uses one)
-            tensors[name] = blocks_placeholder(t.shape, dtype)
-            continue
-        w = dequantize_tensor(t)
-        if heads is not None:
-            w = unpermute_qk(w, heads)
-        tensors[name] = w.to(dtype)
+        try:
+            config = _load_tensor(t, config, tensors, dtype, packed, types, kquants, blocks_only)
+        finally:
+            # every use above copied the tensor out of the file (packed blocks, a dequantized or owned
+            # copy): its mapped pages need not stay resident while the rest of the file loads
+            gguf.release(t)
     return config, tensors, metadata
+
+
+def _load_tensor(t: GGUFTensor, config: ModelConfig, tensors: dict[str, Tensor], dtype: torch.dtype,
+                 packed: dict[str, Any] | None, types: dict[str, str] | None, kquants: bool, blocks_only: bool,
+                 ) -> ModelConfig:
+    """Put GGUF tensor `t` into `tensors` (and `packed`, `types`) as `load_gguf` documents; returns the
+    config (rope_freqs changes its rope scaling)."""
+    if t.name == "rope_freqs.weight":
+        # llama.cpp's encoding of llama3 rope scaling: per-frequency divisors
+        scaling = {"rope_type": "freq_factors", "factors": dequantize_tensor(t).float().tolist()}
+        return dataclasses.replace(config, rope_scaling=scaling)
+    heads = None
+    if config.architecture == "llama":
+        if ".attn_q." in t.name:
+            heads = config.num_attention_heads
+        elif ".attn_k." in t.name:
+            heads = config.num_key_value_heads
+    name = hf_name(t.name)
+    if types is not None:
+        types[name] = t.qtype.name
+    pw = None
+    if packed is not None and len(t.shape) == 2:
+        pw = pack_gguf_tensor(t, heads) if kquants or t.qtype not in _K_KINDS else None
+        if pw is not None:
+            packed[name] = pw
+    if pw is not None and blocks_only:
+        # the blocks are the weight: no dense copy (the model dequantizes where it uses one)
+        tensors[name] = blocks_placeholder(t.shape, dtype)
+        return config
+    w = dequantize_tensor(t)
+    if heads is not None:
+        w = unpermute_qk(w, heads)
+    tensors[name] = w.to(dtype)
+    return config
 
 
 _PACKERS = {Q.Q4_0: pack_q4_0_from_gguf, Q.Q4_1: pack_q4_1_from_gguf, Q.Q8_0: pack_q8_0_from_gguf}

@@ -17,7 +17,7 @@ from kiln.model import kernels
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
-from kiln.model.gguf_file import read_gguf
+from kiln.model.gguf_file import read_gguf_tensor_infos
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
@@ -130,15 +130,14 @@ def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -
     bf16_wins = _bf16_decode_wins()
     if not kernels.dense_bf16_fast():
         return "none"
-    import gguf
-
-    reader = gguf.GGUFReader(str(p))
     packable = kquants = total = 0
-    for t in reader.tensors:
+    # (kiln's own parser: gguf.GGUFReader takes seconds over a 50k-token vocabulary)
+    for t in read_gguf_tensor_infos(p):
         if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
-            total += int(t.n_elements)
-            packable += int(t.n_elements) if t.tensor_type.name in PACKABLE_GGUF_TYPES else 0
-            kquants += int(t.n_elements) if t.tensor_type.name in KQUANT_GGUF_TYPES else 0
+            n = math.prod(t.shape)
+            total += n
+            packable += n if t.qtype.name in PACKABLE_GGUF_TYPES else 0
+            kquants += n if t.qtype.name in KQUANT_GGUF_TYPES else 0
     if total and kquants * 2 >= total:
         return "gguf"
     # most of the layers' weights in blocks the kernels take (a projection whose K is not whole groups of
@@ -229,11 +228,13 @@ def load_model(
         if codes:
             _tie_head(codes, weights.config.tie_word_embeddings)
         attach_dense_tiles(model, codes)
-    # q|k|v and gate|up as one weight each for the serving path (the projections become views of it)
+    # the modules hold every packed weight now: the loader's own references to them would keep each
+    # unfused original alive beside its fused copy below (at 1B, ~300 MB more at the load's peak and
+    # after it)
+    weights.packed, codes = {}, None
+    # q|k|v and gate|up as one weight each for the serving path (the projections become views of it;
+    # layer by layer, so one layer's originals are freed before the next is fused)
     fuse_projections(model)
-    # the modules hold every packed weight now (the fused ones as views): the loader's own references to
-    # the unfused originals would keep a second copy of q|k|v and gate|up alive (~360 MB at 1B)
-    weights.packed = {}
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     if weights.tensor_types:
@@ -248,7 +249,7 @@ def dense_copy_bytes(path: str | Path, dtype: torch.dtype) -> int:
     if not (p.is_file() and p.suffix == ".gguf"):
         return 0
     size = torch.empty((), dtype=dtype).element_size()
-    return sum(math.prod(t.shape) for t in read_gguf(str(p)).tensors) * size
+    return sum(math.prod(t.shape) for t in read_gguf_tensor_infos(p)) * size
 
 
 def describe_held_weights(model: Transformer) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -9,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import dequantize, quantize
+from gguf.quants import IQ4_NL, dequantize, quantize
 
 from kiln.model.config import ModelConfig, UnsupportedModelError
-from kiln.model.gguf_file import read_gguf
+from kiln.model.gguf_file import read_gguf, read_gguf_tensor_infos
 from kiln.model.gguf_loader import dequantize_tensor, hf_name
 from kiln.model.loader import load_model, load_weights
 from kiln.model.rope import rope_inv_freq
@@ -48,6 +49,19 @@ def gguf_name(name: str) -> str:
     return f"blk.{layer}.{HF_TO_GGUF[module]}.{leaf}"
 
 
+def quantize_iq4_nl(w: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks `[rows, K / 32 * 18]` of float `w [rows, K]` (gguf.quants cannot write them): per
+    32 values a float16 d (the largest magnitude maps to the table's -127) and 16 bytes of 4-bit indices
+    into IQ4_NL's table, values 0-15 in the low nibbles and 16-31 in the high ones."""
+    table = np.array(IQ4_NL.kvalues, dtype=np.float32)
+    b = w.astype(np.float32).reshape(-1, 32)
+    d = (b[np.arange(len(b)), np.abs(b).argmax(1)] / -127).astype(np.float16)
+    df = d.astype(np.float32)
+    q = np.abs(b[:, :, None] / np.where(df == 0, 1, df)[:, None, None] - table).argmin(-1).astype(np.uint8)
+    blocks = np.concatenate([d.view(np.uint8).reshape(-1, 2), q[:, :16] | (q[:, 16:] << 4)], axis=1)
+    return blocks.reshape(w.shape[0], -1)
+
+
 def write_llama_gguf(path: Path, hf: torch.nn.Module, quant: GGMLQuantizationType, tied: bool = False) -> None:
     cfg = hf.config
     kiln_cfg = ModelConfig.from_hf_dict(cfg.to_dict())
@@ -79,7 +93,8 @@ def write_llama_gguf(path: Path, hf: torch.nn.Module, quant: GGMLQuantizationTyp
         elif ".k_proj." in name:
             w = llama_cpp_permute(w, cfg.num_key_value_heads)
         if w.ndim == 2 and quant != Q.F32 and w.shape[1] % 32 == 0:
-            writer.add_tensor(gguf_name(name), quantize(w, quant), raw_dtype=quant)
+            blocks = quantize_iq4_nl(w) if quant == Q.IQ4_NL else quantize(w, quant)
+            writer.add_tensor(gguf_name(name), blocks, raw_dtype=quant)
         else:
             writer.add_tensor(gguf_name(name), w)
     writer.write_header_to_file()
@@ -130,6 +145,34 @@ def test_q8_0_gguf_dequantizes_and_unpermutes(tmp_path: Path, llama_hf: torch.nn
     torch.testing.assert_close(ours, ref, atol=0.1, rtol=0.05)
 
 
+def test_iq4_nl_gguf_dequantizes_unpermutes_and_serves_dense(tmp_path: Path, llama_hf: torch.nn.Module) -> None:
+    path = tmp_path / "tiny-iq4_nl.gguf"
+    write_llama_gguf(path, llama_hf, Q.IQ4_NL)
+    loaded = load_weights(path, "float32")
+    assert loaded.tensor_types["model.layers.1.self_attn.q_proj.weight"] == "IQ4_NL"
+    q = llama_hf.state_dict()["model.layers.1.self_attn.q_proj.weight"].numpy()
+    roundtrip = dequantize(quantize_iq4_nl(q), Q.IQ4_NL)  # row order does not change IQ4_NL blocks
+    got = loaded.tensors["model.layers.1.self_attn.q_proj.weight"]
+    torch.testing.assert_close(got, torch.from_numpy(roundtrip), atol=0, rtol=0)
+    # no kernel takes its blocks: every mode serves the dequantized weights, and says so
+    for quantization in ("auto", "gguf-float"):
+        model, weights = load_model(path, quantization=quantization)
+        assert "IQ4_NL x" in weights.served
+        for part in weights.served.split("; "):
+            if part.startswith("IQ4_NL x"):
+                assert ": dense " in part and "blocks" not in part, part
+    # the logits are the HF model's with every quantized weight replaced by its dequantization
+    reference = copy.deepcopy(llama_hf)
+    with torch.no_grad():
+        for _, w in reference.named_parameters():
+            if w.dim() == 2 and w.shape[1] % 32 == 0:
+                w.copy_(torch.from_numpy(dequantize(quantize_iq4_nl(w.numpy()), Q.IQ4_NL)))
+    ids = torch.randint(0, 96, (1, 15), generator=torch.Generator().manual_seed(9))
+    model, _ = load_model(path, dtype="float32")
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_dense(ids), reference(ids).logits, atol=1e-4, rtol=1e-4)
+
+
 def test_gguf_rope_freqs_tensor_reproduces_llama3_scaling(tmp_path: Path) -> None:
     hf = make_hf("llama3_rope")
     path = tmp_path / "llama3.gguf"
@@ -178,7 +221,7 @@ def test_unsupported_quant_type_is_a_clear_error(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match=r"Q2_K.*supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"):
+    with pytest.raises(UnsupportedModelError, match=r"Q2_K.*supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"):
         load_weights(path, "float32")
 
 
@@ -210,6 +253,9 @@ def test_every_supported_type_reads_like_gguf_reader(tmp_path: Path) -> None:
     # K-quants cannot be produced by gguf.quants: random blocks still exercise shapes and offsets
     writer.add_tensor("q4_k", rng.integers(0, 255, (3, 144), dtype=np.uint8), raw_dtype=Q.Q4_K)
     writer.add_tensor("q6_k", rng.integers(0, 255, (2, 2 * 210), dtype=np.uint8), raw_dtype=Q.Q6_K)
+    # nor IQ4_NL (18 bytes a block of 32) / IQ4_XS (136 a superblock of 256)
+    writer.add_tensor("iq4_nl", rng.integers(0, 255, (3, 8 * 18), dtype=np.uint8), raw_dtype=Q.IQ4_NL)
+    writer.add_tensor("iq4_xs", rng.integers(0, 255, (2, 136), dtype=np.uint8), raw_dtype=Q.IQ4_XS)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -227,4 +273,23 @@ def test_every_supported_type_reads_like_gguf_reader(tmp_path: Path) -> None:
         assert got.shape == mine.shape
         np.testing.assert_array_equal(got.numpy(), want, err_msg=mine.name)
     assert ours.tensors[0].shape == (4, 256)
-    assert ours.tensors[-1].shape == (2, 512)
+    assert ours.tensors[-3].shape == (2, 512)
+    assert ours.tensors[-2].shape == (3, 256) and ours.tensors[-1].shape == (2, 256)
+
+
+def test_tensor_infos_follow_the_file_when_it_is_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "infos.gguf"
+
+    def write(rows: int) -> None:
+        writer = GGUFWriter(str(path), "llama")
+        writer.add_tensor("w", np.zeros((rows, 64), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    write(2)
+    (info,) = read_gguf_tensor_infos(path)
+    assert (info.name, info.qtype, info.shape) == ("w", Q.F32, (2, 64))
+    write(3)   # a new size: a new version of the file, parsed again
+    assert read_gguf_tensor_infos(path)[0].shape == (3, 64)

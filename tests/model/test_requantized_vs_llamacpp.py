@@ -1,5 +1,5 @@
 """The embedded SmolLM2 re-quantized by llama.cpp's own quantizer to Q4_K_M, Q6_K and Q8_0 (what people
-download): Kiln's next-token logits equal llama.cpp's within a tolerance, with float activations
+download), and to IQ4_NL and IQ4_XS: Kiln's next-token logits equal llama.cpp's within a tolerance, with float activations
 (gguf-float) and with 8-bit activations (gguf), and gguf-float's greedy tokens equal the dequantized
 float32 model's on the parity prompts (tests/model/test_smollm2.py).
 
@@ -10,7 +10,10 @@ build them, `make test` runs both, CI requires them with KILN_REQUIRE_LLAMACPP=1
 embedded Q4_1 file with --allow-requantize (llama.cpp dequantizes it to float32 first, as it would an
 F32 file). SmolLM2's K=576 projections are not whole superblocks of 256, so llama.cpp's Q4_K_M keeps
 only ffn_down in K-quants (Q4_K / Q6_K) and falls back to Q5_0 (served dense by Kiln) and Q8_0; its Q6_K
-file is Q6_K ffn_down with Q8_0 elsewhere; the tied LM head is Q8_0 in all three.
+file is Q6_K ffn_down with Q8_0 elsewhere; the tied LM head is Q8_0 in all three. Its IQ4_NL file is
+IQ4_NL but for three Q5_K ffn_down; its IQ4_XS file keeps IQ4_XS only where K is whole superblocks (27
+ffn_down) and falls back to IQ4_NL elsewhere (180), with the same three Q5_K: Kiln serves every IQ4
+tensor dense (dequantized at load, no kernel takes their blocks), the Q5_K and Q8_0 ones from blocks.
 
 Tolerance. With float32 weights llama.cpp and Kiln agree to 0.02 (tests/adapters/test_export_llamacpp.py:
 float32 on both sides, only the summation order differs). With quantized weights llama.cpp multiplies
@@ -27,7 +30,8 @@ Q6_K / Q8_0), gguf 1.65 / 1.74 / 1.16, on logits that span ~30; over llama.cpp's
 log-probs differ by at most 0.55 / 0.79 / 0.38 and 0.39 / 0.40 / 0.31. (With the K-quants' activations
 rounded per 32 instead, gguf was 1.22 / 1.44 over the vocabulary but 0.58 / 0.90 over the top 10: the
 coarser per-256 rounding moves a flipped rounding's logits further, and the tail of the vocabulary
-with them.) Hence LOGIT_GAP = 2.0 and
+with them.) IQ4_NL / IQ4_XS: gguf-float
+0.90 / 1.27 (top 10: 0.27 / 0.73), gguf 0.92 / 1.30 (0.29 / 0.75). Hence LOGIT_GAP = 2.0 and
 TOP_GAP = 1.0. The logit tolerance means something: the same model in another format (Kiln's Q4_K_M
 against llama.cpp's Q8_0) is 4.1 away, and a kernel that read the wrong blocks or scales would be
 further still. Skipped when llama.cpp is not built (failed under KILN_REQUIRE_LLAMACPP=1).
@@ -51,7 +55,7 @@ from kiln.model.loader import default_model_path, load_model
 from .test_smollm2 import PROMPTS, _greedy_paged
 
 pytestmark = pytest.mark.slow
-FORMATS = ("Q4_K_M", "Q6_K", "Q8_0")
+FORMATS = ("Q4_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS")
 LOGIT_GAP = 2.0    # both activation modes, over the whole vocabulary: see the module docstring
 TOP_GAP = 1.0      # log-probs over llama.cpp's TOP most likely next tokens: a sanity bound
 TOP = 10
@@ -98,16 +102,25 @@ def prompts() -> list[list[int]]:
     return [tokenizer(text, add_special_tokens=False).input_ids for text in rendered]
 
 
-@pytest.fixture(scope="module")
-def requantized(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("requantized")
-    out = {}
-    for kind in FORMATS:
-        out[kind] = root / f"SmolLM2-135M-Instruct.{kind}.gguf"
-        proc = subprocess.run([QUANTIZE, "--allow-requantize", str(default_model_path()), str(out[kind]), kind, "2"],
+class Requantized(dict):
+    """kind -> the re-quantized file, made by llama-quantize the first time a test asks for it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, kind: str) -> Path:
+        out = self.root / f"SmolLM2-135M-Instruct.{kind}.gguf"
+        proc = subprocess.run([QUANTIZE, "--allow-requantize", str(default_model_path()), str(out), kind, "2"],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+        self[kind] = out
+        return out
+
+
+@pytest.fixture(scope="module")
+def requantized(tmp_path_factory) -> Requantized:
+    return Requantized(tmp_path_factory.mktemp("requantized"))
 
 
 def llama_cpp_logits(model: Path, ids: list[int]) -> torch.Tensor:
