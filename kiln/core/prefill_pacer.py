@@ -13,8 +13,7 @@ A step of d decodes then aims at max(target_ms, min(DECODE_MULTIPLE x its decode
 alone + PREFILL_SHARE_MS)): a few streams keep their gap near the target; many streams (or a machine
 whose decodes alone are slow) stretch theirs by at most that multiple, so the streams' p99 gap stays
 within it of their p50 while prompts still get in at a useful pace; and where the decodes alone are
-slow (a 1B model: 8 decodes take ~115 ms) the prompt adds at most PREFILL_SHARE_MS to the gap instead
-of 1.5x the decodes. The price is what fits that time, but never so little that
+slow (a 1B model) the prompt adds at most PREFILL_SHARE_MS to the gap instead of 1.5x the decodes. The price is what fits that time, but never so little that
 the fixed cost f is more than half of the step's prefill share (a chunk that small wastes the step).
 Until both lines have data the scheduler keeps the fixed price. A pacer made with
 `below_fixed_price` only bounds the fixed price: the scheduler takes its price where it is the smaller
@@ -35,8 +34,9 @@ ALPHA = 0.25
 # A step that carries decodes may take this many times what its decodes alone take (below 3, so
 # paced gaps stay under 3x the decode-only ones however many of the gaps they are).
 DECODE_MULTIPLE = 2.5
-# Where the decodes alone are slow, a step's prompt chunks add at most this much to it: 2.5x the 1B
-# model's ~115 ms of 8 decodes would be a 290 ms gap, at the edge of the 300 ms a reader tolerates.
+# Where the decodes alone are slow, a step's prompt chunks add at most this much to it: a 1B model's
+# 8 decodes take 70-115 ms on a 2-core AMD EPYC Zen 4 with no other load (8 streams at 116 tok/s with
+# Q4_1 blocks, 70 with dense bfloat16), and 2.5x that would come near a 300 ms gap.
 PREFILL_SHARE_MS = 100.0
 
 
@@ -132,8 +132,9 @@ class ItlPacing:
 # The floor of the step's aim: below it a prompt's share of a step would be a sliver of its fixed
 # cost; a 50 ms gap is 20 tokens a second, which a reader does not see as a hitch.
 AUTO_TARGET_MS = 50.0
-# Elsewhere on a CPU the fixed price stands while its steps stay under this aim (SmolLM2-135M's take
-# about 90 ms with 8 decodes on the AMD EPYC Zen 4, AVX-512); a bigger model's take far longer.
+# Elsewhere on a CPU the fixed price stands while its steps would fit a pacer aiming at this (on
+# SmolLM2-135M they took about 90 ms with 8 decodes on an AMD EPYC, AVX-512: benchmarks/README.md);
+# a 1B model's take several times longer.
 AUTO_BOUND_MS = 150.0
 
 
@@ -154,9 +155,10 @@ def auto_itl_pacing(device: str, dtype: str, quantization: str, cpu_isa: str | N
     decode-only steps after it make p99/p50 5.7x. gguf-float on AVX2 (AMD EPYC Zen 2), whose prefill
     and batched decode are float32 FMAs as dense AVX2's are: the fixed price left a 364 ms gap (p50
     180 ms), the paced steps 144 ms (p50 115 ms, p99/p50 1.20). On a Llama-3.2-1B-shaped Q4_K_M served
-    with --quantization gguf (AMD EPYC Zen 4, AVX-512 VNNI), the fixed price's steps took 280-590 ms
-    (a 100-token prompt arriving whole, 64-unit chunks of a long one): there the bounding pacer takes
-    over."""
+    with --quantization gguf (AMD EPYC Zen 4, AVX-512 VNNI) the fixed price left gaps of p50 283 ms,
+    longest 588 ms (`kiln bench --synthetic 1b --quick`): a 100-token prompt arriving whole, and 64-unit
+    chunks of a long one, each take several times their SmolLM2 time; there the bounding pacer takes
+    over (benchmarks/README.md has the 1B figures)."""
     if device != "cpu":
         return ItlPacing(0.0)
     float_weights = (quantization == "none" and dtype == "bfloat16") or quantization == "gguf-float"
