@@ -78,10 +78,13 @@ class EngineSettings:
     # Per-step token budget shared by decode tokens and prefill chunks.
     max_batch_tokens: int = 512
     # > 0: while decodes share a step, prompt chunks (short prompts too) are sized from this engine's
-    # measured step times so the step takes about this long (or up to 2.5x its decodes alone), on
-    # whatever CPU (core/prefill_pacer.py). 0 = the fixed prefill_cost_with_decodes price. auto
-    # (default): 50 for dense bfloat16 weights and gguf-float on the AVX2 (or scalar) kernels, where the
-    # fixed price left 290-364 ms gaps while a long prompt arrived; 0 elsewhere (benchmarks/README.md).
+    # measured step times so the step takes about this long (or up to 2.5x its decodes alone, and at
+    # most 100 ms more than them), on whatever CPU (core/prefill_pacer.py). 0 = the fixed
+    # prefill_cost_with_decodes price. auto (default): 50 for dense bfloat16 weights and gguf-float on the
+    # AVX2 (or scalar) kernels, where the fixed price left 290-364 ms gaps while a long prompt arrived;
+    # elsewhere on a CPU the fixed price, unless this engine's steps show it runs longer than a 150 ms
+    # paced step would (a 1B model), where the pacer takes over; off a CPU the fixed price
+    # (benchmarks/README.md).
     itl_target_ms: float | str = "auto"
     # While decodes share a step (and itl_target_ms is 0, or its pacer has not measured steps yet), a
     # prompt longer than max_batch_tokens is prefilled this many token-equivalents per step (a token

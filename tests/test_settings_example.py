@@ -356,7 +356,7 @@ OBSERVED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("engine", "max_num_seqs"): (2, lambda s, t: _effective(s, t)["engine"]["max_num_seqs"]),
     ("engine", "max_batch_tokens"): (128, lambda s, t: _effective(s, t)["engine"]["max_batch_tokens"]),
     ("engine", "prefill_cost_with_decodes"): (0, lambda s, t: _effective(s, t)["engine"]["prefill_cost_with_decodes"]),
-    ("engine", "itl_target_ms"): (150, lambda s, t: _effective(s, t)["engine"]["itl_target_ms"]),
+    ("engine", "itl_target_ms"): (120, lambda s, t: _effective(s, t)["engine"]["itl_target_ms"]),
     ("engine", "enable_prefix_caching"): (False, lambda s, t: _effective(s, t)["engine"]["enable_prefix_caching"]),
     ("engine", "num_threads"): (3, lambda s, t: _threads(s)),
     ("engine", "cpu_isa"): ("scalar", lambda s, t: _cpu_isa(s)),

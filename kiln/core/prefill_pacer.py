@@ -9,12 +9,15 @@ target the same way). It fits two lines to the steps it is shown:
 - steps with prompt chunks: what they took beyond their decodes ~ f + u * price, where price is
   prefill_cost.chunk_cost (a token's projections plus its attention to earlier positions) and f what
   carrying any chunk at all costs (a mixed step leaves the fused decode path).
-A step of d decodes then aims at max(target_ms, DECODE_MULTIPLE x its decodes alone): a few streams
-keep their gap near the target, many streams (or a machine whose decodes alone are slow) stretch theirs
-by at most that multiple, so the streams' p99 gap stays within it of their p50 while prompts still get
-in at a useful pace. The price is what fits that time, but never so little that
+A step of d decodes then aims at max(target_ms, min(DECODE_MULTIPLE x its decodes alone, its decodes
+alone + PREFILL_SHARE_MS)): a few streams keep their gap near the target; many streams (or a machine
+whose decodes alone are slow) stretch theirs by at most that multiple, so the streams' p99 gap stays
+within it of their p50 while prompts still get in at a useful pace; and where the decodes alone are
+slow (a 1B model) the prompt adds at most PREFILL_SHARE_MS to the gap instead of 1.5x the decodes. The price is what fits that time, but never so little that
 the fixed cost f is more than half of the step's prefill share (a chunk that small wastes the step).
-Until both lines have data the scheduler keeps the fixed price.
+Until both lines have data the scheduler keeps the fixed price. A pacer made with
+`below_fixed_price` only bounds the fixed price: the scheduler takes its price where it is the smaller
+one (this machine runs the fixed price's chunks too slowly for its aim) and the fixed price elsewhere.
 
 Exponentially weighted sums follow the machine as it changes (other load, deeper prompts pricing
 their attention a little wrong); steps too small to tell from noise teach nothing.
@@ -31,6 +34,10 @@ ALPHA = 0.25
 # A step that carries decodes may take this many times what its decodes alone take (below 3, so
 # paced gaps stay under 3x the decode-only ones however many of the gaps they are).
 DECODE_MULTIPLE = 2.5
+# Where the decodes alone are slow, a step's prompt chunks add at most this much to it: a 1B model's
+# 8 decodes take 70-115 ms on a 2-core AMD EPYC Zen 4 with no other load (8 streams at 116 tok/s with
+# Q4_1 blocks, 70 with dense bfloat16), and 2.5x that would come near a 300 ms gap.
+PREFILL_SHARE_MS = 100.0
 
 
 @dataclass
@@ -62,6 +69,7 @@ class _Line:
 @dataclass
 class PrefillPacer:
     target_ms: float                      # a step that carries decodes aims to take about this long
+    below_fixed_price: bool = False       # only bound the fixed price (the scheduler takes the smaller)
     _decodes: _Line = field(default_factory=_Line)   # decode-only steps: ms by decode rows
     _prefill: _Line = field(default_factory=_Line)   # mixed steps: ms beyond the decodes, by price
 
@@ -103,32 +111,57 @@ class PrefillPacer:
         if base is None or line is None:
             return None
         fixed, per_price = line[0], max(line[1], 1e-6)
-        step_ms = max(self.target_ms, DECODE_MULTIPLE * base)
-        return max(step_ms - base - fixed, fixed) / per_price
+        return max(self.step_ms(base) - base - fixed, fixed) / per_price
+
+    def step_ms(self, decode_ms: float) -> float:
+        """What a step whose decodes alone take `decode_ms` aims at."""
+        return max(self.target_ms, min(DECODE_MULTIPLE * decode_ms, decode_ms + PREFILL_SHARE_MS))
+
+
+@dataclass(frozen=True)
+class ItlPacing:
+    """How an engine sizes prompt chunks while decodes share a step."""
+    target_ms: float                  # 0: the fixed price alone, no pacer
+    below_fixed_price: bool = False   # the pacer only bounds the fixed price
+
+    def pacer(self) -> PrefillPacer | None:
+        return PrefillPacer(self.target_ms, self.below_fixed_price) if self.target_ms > 0 else None
 
 
 # `engine.itl_target_ms = "auto"`: pace by time where the fixed price was measured to leave long gaps.
 # The floor of the step's aim: below it a prompt's share of a step would be a sliver of its fixed
 # cost; a 50 ms gap is 20 tokens a second, which a reader does not see as a hitch.
 AUTO_TARGET_MS = 50.0
+# Elsewhere on a CPU the fixed price stands while its steps would fit a pacer aiming at this (on
+# SmolLM2-135M they took about 90 ms with 8 decodes on an AMD EPYC, AVX-512: benchmarks/README.md);
+# a 1B model's take several times longer.
+AUTO_BOUND_MS = 150.0
 
 
-def auto_itl_target_ms(device: str, dtype: str, quantization: str, cpu_isa: str | None) -> float:
-    """The target "auto" stands for: AUTO_TARGET_MS for the float-arithmetic weights (dense bfloat16, or
-    a GGUF's blocks with float32 activations, gguf-float) on a CPU whose kernels run AVX2 (or scalar)
-    code, else 0 (the fixed price). A paced step aims at the larger of it and
-    DECODE_MULTIPLE x its decodes alone, so the gaps follow the machine's own decode speed.
+def auto_itl_pacing(device: str, dtype: str, quantization: str, cpu_isa: str | None) -> ItlPacing:
+    """What "auto" stands for. AUTO_TARGET_MS for the float-arithmetic weights (dense bfloat16, or a
+    GGUF's blocks with float32 activations, gguf-float) on a CPU whose kernels run AVX2 (or scalar)
+    code; elsewhere on a CPU the fixed price, bounded by a pacer aiming at AUTO_BOUND_MS (it takes
+    over where the fixed price's steps run longer); off a CPU the fixed price alone. A paced step aims
+    at the larger of its target and DECODE_MULTIPLE x its decodes alone (their own time plus at most
+    PREFILL_SHARE_MS), so the gaps follow the machine's own decode speed.
 
     Measured with `kiln bench --only itl` (8 streams, then a 2000-token prompt), dense AVX2: the fixed
     price left 310 ms (AMD EPYC) and 291 ms (Intel Xeon) gaps; a flat 150 ms target cut them to 195 /
     175 ms, but on the EPYC, whose 8 decodes take 28 ms, the paced steps were 5.4x the others and made
     p99/p50 6.5x; aiming at a multiple of the decodes keeps both in bounds on both machines
-    (benchmarks/README.md). Elsewhere the fixed price was as good or better: AVX-512 on the EPYC
-    142 -> 286 ms; gguf on AVX2 174 -> 176 ms, where the paced prompt ends sooner and the decode-only
-    steps after it make p99/p50 5.7x. gguf-float on AVX2 (AMD EPYC Zen 2), whose prefill and batched
-    decode are float32 FMAs as dense AVX2's are: the fixed price left a 364 ms gap (p50 180 ms), the
-    paced steps 144 ms (p50 115 ms, p99/p50 1.20)."""
+    (benchmarks/README.md). Elsewhere the fixed price was as good or better on SmolLM2-135M: AVX-512 on
+    the EPYC 142 -> 286 ms; gguf on AVX2 174 -> 176 ms, where the paced prompt ends sooner and the
+    decode-only steps after it make p99/p50 5.7x. gguf-float on AVX2 (AMD EPYC Zen 2), whose prefill
+    and batched decode are float32 FMAs as dense AVX2's are: the fixed price left a 364 ms gap (p50
+    180 ms), the paced steps 144 ms (p50 115 ms, p99/p50 1.20). On a Llama-3.2-1B-shaped Q4_K_M served
+    with --quantization gguf (AMD EPYC Zen 4, AVX-512 VNNI) the fixed price left gaps of p50 283 ms,
+    longest 588 ms (`kiln bench --synthetic 1b --quick`): a 100-token prompt arriving whole, and 64-unit
+    chunks of a long one, each take several times their SmolLM2 time; there the bounding pacer takes
+    over (benchmarks/README.md has the 1B figures)."""
+    if device != "cpu":
+        return ItlPacing(0.0)
     float_weights = (quantization == "none" and dtype == "bfloat16") or quantization == "gguf-float"
-    if device != "cpu" or not float_weights:
-        return 0.0
-    return AUTO_TARGET_MS if cpu_isa in ("avx2", "scalar") else 0.0
+    if float_weights and cpu_isa in ("avx2", "scalar"):
+        return ItlPacing(AUTO_TARGET_MS)
+    return ItlPacing(AUTO_BOUND_MS, below_fixed_price=True)

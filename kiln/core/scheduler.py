@@ -12,6 +12,7 @@ When the step carries decodes, prompt chunks also share a prefill price (prefill
 keeps the decoding streams' inter-token gaps bounded while prompts arrive:
 - with a `PrefillPacer` that has measured this engine's steps, the price that fits its time target,
   for every prompt (a short one too: on a slow code path a whole 500-token prompt is a long stall);
+  a pacer made `below_fixed_price` only where its price is below the fixed one;
 - otherwise the fixed `prefill_cost_with_decodes`, for prompts longer than one step's token budget
   only; 0 turns that off.
 `observe` hands each finished step's wall time to the pacer.
@@ -169,8 +170,12 @@ class Scheduler:
         return out
 
     def _price_step(self, decodes: int) -> None:
-        """This step's prefill price budget: none without decodes, else the pacer's or the fixed one."""
+        """This step's prefill price budget: none without decodes, else the pacer's or the fixed one (a
+        pacer that only bounds the fixed price gives its own where it is the smaller)."""
         paced = self.pacer.price_budget(decodes) if decodes and self.pacer is not None else None
+        if (paced is not None and self.pacer is not None and self.pacer.below_fixed_price
+                and self.prefill_cost_with_decodes and paced >= self.prefill_cost_with_decodes):
+            paced = None   # the fixed price's steps fit the pacer's aim: it stands
         if paced is not None:
             self._cost_left, self._meter_all = paced, True
         elif decodes and self.prefill_cost_with_decodes:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from kiln.core.block_manager import BlockManager
 from kiln.core.budget_controller import ThinkingBudgetController
 from kiln.core.decode_stats import DecodeWindow
-from kiln.core.prefill_pacer import PrefillPacer
+from kiln.core.prefill_pacer import ItlPacing
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
 from kiln.core.sequence import Sequence
@@ -135,14 +135,13 @@ class EngineActor:
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, *, block_size: int, num_blocks: int,
                  max_num_seqs: int, max_batch_tokens: int, enable_prefix_caching: bool = True,
-                 prefill_cost_with_decodes: int = 0, itl_target_ms: float = 0.0,
+                 prefill_cost_with_decodes: int = 0, itl_pacing: ItlPacing = ItlPacing(0.0),
                  decode_stats: DecodeWindow | None = None) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        pacer = PrefillPacer(itl_target_ms) if itl_target_ms > 0 else None
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_batch_tokens, prefill_cost_with_decodes,
-                                   pacer)
+                                   itl_pacing.pacer())
         self.lora_slots = LoraSlots(runner.model)
         self._inbox: queue.Queue = queue.Queue()
         self._choices: dict[int, _Choice] = {}

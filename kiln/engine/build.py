@@ -18,7 +18,7 @@ from kiln.engine.actor import EngineActor
 from kiln.engine.chat_template import ChatTemplate
 from kiln.engine.provenance import serving_identity
 from kiln.engine.runner import ModelRunner
-from kiln.engine.serving import Engine, ModelInfo, effective_inference_config, resolved_itl_target_ms
+from kiln.engine.serving import Engine, ModelInfo, effective_inference_config, resolved_itl_pacing
 from kiln.engine.tokenizer import Tokenizer
 from kiln.model import kernels
 from kiln.model.config import ModelConfig
@@ -129,7 +129,7 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
                       max_batch_tokens=settings.engine.max_batch_tokens,
                       enable_prefix_caching=settings.engine.enable_prefix_caching,
                       prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
-                      itl_target_ms=resolved_itl_target_ms(settings, info),
+                      itl_pacing=resolved_itl_pacing(settings, info),
                       decode_stats=decode_window(settings))
     identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
     if start:

@@ -14,7 +14,7 @@ from kiln.config import Settings
 from kiln.core.admission import AdmissionGate, Ticket
 from kiln.core.block_manager import PrefixCacheStats
 from kiln.core.decode_stats import DecodeSnapshot
-from kiln.core.prefill_pacer import auto_itl_target_ms
+from kiln.core.prefill_pacer import ItlPacing, auto_itl_pacing
 from kiln.core.sampling import SamplingParams, resolve_sampling
 from kiln.core.thinking_budget import ServerBudgetDefaults
 from kiln.core.tool_calls import TAG_CLOSE, TAG_OPEN
@@ -77,13 +77,13 @@ def sampling_dict(p: SamplingParams) -> dict[str, Any]:
             "frequency_penalty": p.frequency_penalty, "max_tokens": p.max_tokens, "seed": p.seed}
 
 
-def resolved_itl_target_ms(settings: Settings, info: ModelInfo) -> float:
-    """engine.itl_target_ms as the engine runs it: "auto" becomes its number for these weights here."""
+def resolved_itl_pacing(settings: Settings, info: ModelInfo) -> ItlPacing:
+    """engine.itl_target_ms as the engine runs it: "auto" becomes its pacing for these weights here."""
     target = settings.engine.itl_target_ms
     if target != "auto":
-        return float(target)
+        return ItlPacing(float(target))
     isa = kernels.active_isa() if info.device == "cpu" and kernels.enabled() else None
-    return auto_itl_target_ms(info.device, info.dtype, info.quantization, isa)
+    return auto_itl_pacing(info.device, info.dtype, info.quantization, isa)
 
 
 def effective_inference_config(settings: Settings, info: ModelInfo, backend: str) -> dict[str, Any]:
@@ -91,6 +91,7 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
     Its canonical-JSON hash is `effective_config_hash` and the provenance `inference_config_sha256`."""
     srv = settings.server
     eng = settings.engine
+    pacing = resolved_itl_pacing(settings, info)
     return {
         "served_model_id": info.served_model_id,
         "model": {"architecture": info.config.architecture, "format": info.format, "dtype": info.dtype,
@@ -100,7 +101,7 @@ def effective_inference_config(settings: Settings, info: ModelInfo, backend: str
         "engine": {"block_size": info.block_size, "num_blocks": info.num_blocks, "max_num_seqs": eng.max_num_seqs,
                    "max_batch_tokens": eng.max_batch_tokens, "enable_prefix_caching": eng.enable_prefix_caching,
                    "prefill_cost_with_decodes": eng.prefill_cost_with_decodes,
-                   "itl_target_ms": resolved_itl_target_ms(settings, info)},
+                   "itl_target_ms": pacing.target_ms, "itl_below_fixed_price": pacing.below_fixed_price},
         "server": {"eval_mode": srv.eval_mode, "default_thinking_enabled": srv.default_thinking_enabled,
                    **ServerBudgetDefaults.from_settings(srv).to_dict(),
                    "fold_reasoning_into_content": srv.fold_reasoning_into_content},

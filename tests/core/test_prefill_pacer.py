@@ -6,11 +6,14 @@ import pytest
 from kiln.core.block_manager import BlockManager
 from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
 from kiln.core.prefill_pacer import (
+    AUTO_BOUND_MS,
     AUTO_TARGET_MS,
     DECODE_MULTIPLE,
     MIN_SAMPLE_PRICE,
+    PREFILL_SHARE_MS,
+    ItlPacing,
     PrefillPacer,
-    auto_itl_target_ms,
+    auto_itl_pacing,
 )
 from kiln.core.sampling import SamplingParams
 from kiln.core.scheduler import Scheduler
@@ -83,13 +86,22 @@ def test_a_mixed_step_before_any_decode_only_step_teaches_nothing():
 
 
 def test_many_decoding_streams_let_prompts_in_at_a_multiple_of_their_step():
-    pacer = PrefillPacer(120.0)
-    for rows in (1, 64):
+    pacer = PrefillPacer(50.0)
+    for rows in (1, 32):
         pacer.observe(rows, 0.0, 2.0 * rows)
     pacer.observe(0, 100.0, 100.0)
     assert DECODE_MULTIPLE == 2.5
-    assert pacer.price_budget(64) == pytest.approx(192.0)   # a 320 ms step: 2.5 times 128 ms
-    assert pacer.price_budget(1) == pytest.approx(118.0)
+    assert pacer.price_budget(32) == pytest.approx(96.0)    # a 160 ms step: 2.5 times 64 ms
+    assert pacer.price_budget(1) == pytest.approx(48.0)
+
+
+def test_where_decodes_alone_are_slow_a_prompt_adds_at_most_the_prefill_share():
+    # a 1B model: 8 decodes take 115 ms, and 2.5x that would be a 290 ms gap
+    pacer = PrefillPacer(AUTO_TARGET_MS)
+    pacer.observe(8, 0.0, 115.0)
+    pacer.observe(0, 100.0, 300.0)
+    assert pacer.step_ms(115.0) == pytest.approx(115.0 + PREFILL_SHARE_MS)
+    assert pacer.price_budget(8) == pytest.approx(PREFILL_SHARE_MS / 3.0)
 
 
 def test_a_paced_step_stays_under_three_times_its_decodes_alone_above_the_target():
@@ -184,20 +196,65 @@ def test_observe_teaches_the_pacer_the_steps_decodes_price_and_time():
     assert pacer.prefill_ms(10.0) == pytest.approx(20.0)
 
 
-def test_auto_target_paces_dense_bfloat16_on_the_avx2_and_scalar_kernels():
-    assert auto_itl_target_ms("cpu", "bfloat16", "none", "avx2") == AUTO_TARGET_MS
-    assert auto_itl_target_ms("cpu", "bfloat16", "none", "scalar") == AUTO_TARGET_MS
+def _bounding(decode_ms: float, ms_per_price: float) -> Scheduler:
+    """A decoding scheduler with the fixed price 64 and a pacer that only bounds it (aim 150 ms)."""
+    return _decoding(_measured_bounding(decode_ms, ms_per_price), price=64)
 
 
-def test_auto_target_paces_gguf_blocks_with_float_activations_on_the_avx2_kernels():
-    assert auto_itl_target_ms("cpu", "float32", "gguf-float", "avx2") == AUTO_TARGET_MS
-    assert auto_itl_target_ms("cpu", "float32", "gguf-float", "scalar") == AUTO_TARGET_MS
-    assert auto_itl_target_ms("cpu", "float32", "gguf-float", "avx512") == 0
+def _measured_bounding(decode_ms: float, ms_per_price: float) -> PrefillPacer:
+    """A bounding pacer (aim 150 ms) that has seen one decode take `decode_ms`, prefill `ms_per_price`."""
+    pacer = PrefillPacer(150.0, below_fixed_price=True)
+    pacer.observe(1, 0.0, decode_ms)
+    pacer.observe(0, 100.0, 100.0 * ms_per_price)
+    return pacer
 
 
-def test_auto_target_keeps_the_fixed_price_elsewhere():
-    assert auto_itl_target_ms("cpu", "bfloat16", "none", "avx512") == 0
-    assert auto_itl_target_ms("cpu", "bfloat16", "gguf", "avx2") == 0
-    assert auto_itl_target_ms("cpu", "float32", "none", "avx2") == 0
-    assert auto_itl_target_ms("cuda:0", "bfloat16", "none", None) == 0
-    assert auto_itl_target_ms("cpu", "bfloat16", "none", None) == 0   # kernels disabled
+def test_a_bounding_pacer_leaves_the_fixed_price_where_its_steps_fit_the_aim():
+    sched = _bounding(20.0, 1.0)                    # the pacer would allow 130 units
+    sched.add(_seq(2, 300))
+    assert _prefilled(sched.schedule()) == [300]    # a short prompt goes whole, as under the fixed price
+    sched = _bounding(20.0, 1.0)
+    sched.add(_seq(2, 3000))
+    assert _prefilled(sched.schedule()) == [tokens_within(0, 511, 64.0)]
+
+
+def test_a_bounding_pacer_takes_over_where_the_fixed_price_runs_too_long():
+    sched = _bounding(115.0, 4.0)                   # (215 - 115) / 4 = 25 units: below 64
+    sched.add(_seq(2, 3000))
+    assert _prefilled(sched.schedule()) == [tokens_within(0, 511, 25.0)]
+
+
+def test_a_bounding_pacer_meters_a_short_prompt_where_it_takes_over():
+    sched = _bounding(115.0, 4.0)
+    sched.add(_seq(2, 100))
+    assert _prefilled(sched.schedule()) == [tokens_within(0, 100, 25.0)]
+
+
+def test_an_itl_pacing_of_zero_makes_no_pacer():
+    assert ItlPacing(0.0).pacer() is None
+    pacer = ItlPacing(150.0, below_fixed_price=True).pacer()
+    assert pacer is not None and (pacer.target_ms, pacer.below_fixed_price) == (150.0, True)
+
+
+def test_auto_paces_dense_bfloat16_on_the_avx2_and_scalar_kernels():
+    assert auto_itl_pacing("cpu", "bfloat16", "none", "avx2") == ItlPacing(AUTO_TARGET_MS)
+    assert auto_itl_pacing("cpu", "bfloat16", "none", "scalar") == ItlPacing(AUTO_TARGET_MS)
+
+
+def test_auto_paces_gguf_blocks_with_float_activations_on_the_avx2_kernels():
+    assert auto_itl_pacing("cpu", "float32", "gguf-float", "avx2") == ItlPacing(AUTO_TARGET_MS)
+    assert auto_itl_pacing("cpu", "float32", "gguf-float", "scalar") == ItlPacing(AUTO_TARGET_MS)
+
+
+def test_auto_bounds_the_fixed_price_by_time_elsewhere_on_a_cpu():
+    bound = ItlPacing(AUTO_BOUND_MS, below_fixed_price=True)
+    assert auto_itl_pacing("cpu", "float32", "gguf-float", "avx512") == bound
+    assert auto_itl_pacing("cpu", "bfloat16", "none", "avx512") == bound
+    assert auto_itl_pacing("cpu", "bfloat16", "gguf", "avx512") == bound   # a 1B Q4_K_M's default
+    assert auto_itl_pacing("cpu", "bfloat16", "gguf", "avx2") == bound
+    assert auto_itl_pacing("cpu", "float32", "none", "avx2") == bound
+    assert auto_itl_pacing("cpu", "bfloat16", "none", None) == bound      # kernels disabled
+
+
+def test_auto_keeps_the_fixed_price_alone_off_a_cpu():
+    assert auto_itl_pacing("cuda:0", "bfloat16", "none", None) == ItlPacing(0.0)

@@ -86,9 +86,10 @@ def test_scoring_errors_reach_the_caller(engine):
         asyncio.run(engine.score([10**9], 1))
 
 
-def test_an_auto_itl_target_keeps_the_fixed_prefill_price_for_a_float32_model(engine):
+def test_an_auto_itl_target_bounds_the_fixed_prefill_price_by_time_for_a_float32_model(engine):
     assert EngineSettings().itl_target_ms == "auto"
-    assert engine.actor.scheduler.pacer is None
+    pacer = engine.actor.scheduler.pacer
+    assert pacer is not None and pacer.below_fixed_price
     assert engine.actor.scheduler.prefill_cost_with_decodes == EngineSettings().prefill_cost_with_decodes
 
 
