@@ -246,7 +246,7 @@ void dequantize_all(const Dense& p, int64_t isa) {
 namespace kiln {
 
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
-                                int64_t k, bool bf16, int64_t isa) {
+                                int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out) {
   TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_dequantize: unknown format ", fmt);
   const int f = static_cast<int>(fmt);
   const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
@@ -254,13 +254,22 @@ torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& sc
                         qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
                     "kquant_dequantize: the tiles do not match n = ", n, ", k = ", k);
   const int64_t level = resolve_isa(isa, "kiln kquant_dequantize");
-  auto out = torch::empty({n, k}, qs.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
-  if (n == 0 || k == 0) return out;
-  const Dense p{qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), S, n, k, bf16, out.data_ptr()};
+  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  torch::Tensor y;
+  if (out.has_value() && out->defined()) {
+    y = *out;
+    TORCH_CHECK_VALUE(y.device().is_cpu() && y.scalar_type() == dtype && y.is_contiguous() && y.numel() == n * k,
+                      "kquant_dequantize: out must be a contiguous CPU ", bf16 ? "bfloat16" : "float32",
+                      " tensor of ", n * k, " values");
+  } else {
+    y = torch::empty({n, k}, qs.options().dtype(dtype));
+  }
+  if (n == 0 || k == 0) return y;
+  const Dense p{qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), S, n, k, bf16, y.data_ptr()};
   if (f == Q4K) dequantize_all<Q4K>(p, level);
   else if (f == Q5K) dequantize_all<Q5K>(p, level);
   else dequantize_all<Q6K>(p, level);
-  return out;
+  return y;
 }
 
 }  // namespace kiln
