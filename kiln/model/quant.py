@@ -99,10 +99,12 @@ class PackedWeight:
             raise ValueError(f"{self.kind} weights have no q4_1 / q8_0 codes")
         return _untile(self)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, out: Tensor | None = None) -> Tensor:
         """`[out_features, in_features]`; values are computed in float32 (d*q + m), then cast (K-quants:
         as gguf.quants.dequantize computes them). Large weights go a few thousand rows at a time, so the
-        temporaries beside the result stay small (the dense path dequantizes a weight on every use)."""
+        temporaries beside the result stay small (the dense path dequantizes a weight on every use).
+        `out` (that shape and dtype, contiguous) receives the values and is returned: a buffer reused
+        call after call spares the pages a fresh tensor of a projection's size faults in."""
         tiles = self.qs.shape[0]
         if self.is_kquant and dtype in (torch.float32, torch.bfloat16) and self.qs.is_cpu:
             module = kernels.load() if kernels.enabled() else None
@@ -110,7 +112,9 @@ class PackedWeight:
                 # one pass in C++, on the kernels' pool: training from blocks dequantizes every projection
                 # twice a step, which the torch path below made 3-4x a dense copy's step at 1B
                 return module.kquant_dequantize(self.qs, self.scales, _KIND_IDS[self.kind], self.out_features,
-                                                self.in_features, dtype == torch.bfloat16)
+                                                self.in_features, dtype == torch.bfloat16, out=out)
+        if out is not None:
+            return out.copy_(self.dequantize(dtype))
         if tiles <= DEQUANT_CHUNK_TILES:
             return self._dequantize_whole(dtype)
         out = torch.empty(self.out_features, self.in_features, dtype=dtype, device=self.device)

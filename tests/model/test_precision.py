@@ -182,3 +182,40 @@ def test_serving_keeps_its_bfloat16_kernels_on_an_avx2_cpu(avx2_cpu, bf16_model)
         bf16_model.compute_logits(hidden, packed_ok=True)
     assert hidden.dtype == torch.bfloat16
     assert torch.bfloat16 not in seen.dtypes   # the projections ran in the C++ dense kernel
+
+
+def block_weights() -> list:
+    from kiln.model import kquant
+    from kiln.testing.kquant_blocks import random_blocks
+    return [kquant.pack_from_gguf(kind, random_blocks(kind, n, k, seed=n), (n, k))
+            for kind, n, k in (("q4_k", 40, 512), ("q6_k", 24, 256), ("q5_k", 72, 512))]
+
+
+def chained_block_products(packed: list, dense: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every weight's forward first, then the backward through all of them (so each backward comes after
+    other weights have been dequantized since its forward): outputs and input gradients."""
+    xs = [torch.randn(5, p.in_features, generator=torch.Generator().manual_seed(i), requires_grad=True)
+          for i, p in enumerate(packed)]
+    biases = [torch.randn(p.out_features, generator=torch.Generator().manual_seed(9)).bfloat16() for p in packed]
+    ys = [precision.mixed_linear(x, p.dequantize(torch.bfloat16), b) if dense
+          else precision.block_linear(x, p, b, torch.bfloat16) for x, p, b in zip(xs, packed, biases, strict=True)]
+    sum(y.square().sum() for y in ys).backward()
+    return [y.detach() for y in ys], [x.grad for x in xs]
+
+
+@pytest.mark.parametrize("cpu", ["avx2_cpu", "bf16_cpu"])
+@pytest.mark.parametrize("scratch", ["reused buffers", "temporaries"])
+def test_block_linear_gives_the_dense_weights_values_and_gradients(cpu: str, scratch: str, request,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    request.getfixturevalue(cpu)
+    if scratch == "temporaries":
+        monkeypatch.setattr(precision, "SCRATCH_MAX_VALUES", 0)
+    packed = block_weights()
+    got_y, got_grad = chained_block_products(packed, dense=False)
+    want_y, want_grad = chained_block_products(packed, dense=True)
+    assert all(torch.equal(a, b) for a, b in zip(got_y, want_y, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got_grad, want_grad, strict=True))
+    with torch.no_grad():   # scoring: the same values without autograd
+        x = torch.randn(2, 512)
+        assert torch.equal(precision.block_linear(x, packed[0], None, torch.bfloat16),
+                           precision.mixed_linear(x, packed[0].dequantize(torch.bfloat16), None))

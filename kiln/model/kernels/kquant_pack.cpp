@@ -1,5 +1,5 @@
-// The K-quant tiles' codec: GGUF blocks into tiles at load, and tiles back into dense weights for the
-// torch paths (training and scoring from blocks).
+// The K-quant tiles' codec, load side: GGUF blocks into tiles (kquant_dequant.cpp turns tiles back into
+// dense weights for the torch paths).
 //
 // Load: each row's superblock is rewritten as its row record (kiln/model/kquant.py's `_records`, documented there) and 16 rows' records are scattered into a
 // tile by the byte permutation kquant.py computes (`_permutation`, passed in), codes into qs and the
@@ -124,84 +124,6 @@ std::vector<torch::Tensor> kquant_tiles_from_gguf(const torch::Tensor& blocks, i
     }
   });
   return {qs, scales};
-}
-
-// Dense weights: each value computed in float32 as gguf.quants.dequantize computes it (Q4_K / Q5_K:
-// q * (d * sc) - dmin * m, two roundings; Q6_K: (q - 32) * (d * sc)), then rounded to bfloat16 if asked.
-// Training from blocks runs this for every projection twice a step, so the format is a template
-// parameter and a group's 32 codes come from 4-byte runs of the tile (no per-value dispatch).
-template <int F>
-void dequantize_tile(const uint8_t* q8, const uint8_t* s8, int64_t S, int64_t t, int64_t n, int64_t k, bool bf16,
-                     void* dst) {
-  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
-  for (int r = 0; r < kRows && t * kRows + r < n; ++r) {
-    const int64_t row = t * kRows + r;
-    for (int64_t s = 0; s < S; ++s) {
-      const uint8_t* sb = s8 + (t * S + s) * SB;
-      const float d = half_bits_to_float(load_u16(sb + 2 * r));
-      const float dmin = F == Q6K ? 0.0f : half_bits_to_float(load_u16(sb + 32 + 2 * r));
-      for (int j = 0; j < 8; ++j) {
-        const uint8_t* qg = q8 + (t * S + s) * QS + j * QB;
-        float a0, a1, b = 0.0f;
-        if (F == Q6K) {
-          a0 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j) * 16 + r]));
-          a1 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j + 1) * 16 + r]));
-        } else {
-          int sc, mn;
-          scale_min_scalar(sb, r, j, sc, mn);
-          a0 = a1 = d * static_cast<float>(sc);
-          b = dmin * static_cast<float>(mn);
-        }
-        float w[kGroup];
-        for (int c = 0; c < 4; ++c)
-          for (int i = 0; i < 4; ++i) {
-            const uint8_t byte = qg[c * 64 + r * 4 + i];
-            int lo = byte & 15, hi = byte >> 4;
-            if (F == Q5K) {
-              const int hb = qg[256 + r * 4 + i];
-              lo |= ((hb >> c) & 1) << 4;
-              hi |= ((hb >> (4 + c)) & 1) << 4;
-            }
-            if (F == Q6K) {
-              lo |= ((qg[256 + r * 4 + i] >> (2 * c)) & 3) << 4;
-              hi |= ((qg[320 + r * 4 + i] >> (2 * c)) & 3) << 4;
-              w[4 * c + i] = static_cast<float>(lo - 32) * a0;
-              w[16 + 4 * c + i] = static_cast<float>(hi - 32) * a1;
-            } else {
-              w[4 * c + i] = static_cast<float>(lo) * a0 - b;
-              w[16 + 4 * c + i] = static_cast<float>(hi) * a1 - b;
-            }
-          }
-        const int64_t at = row * k + s * kSuper + j * kGroup;
-        if (bf16) {
-          uint16_t* o = static_cast<uint16_t*>(dst) + at;
-          for (int i = 0; i < kGroup; ++i) o[i] = float_to_bf16_bits(w[i]);
-        } else {
-          std::memcpy(static_cast<float*>(dst) + at, w, sizeof(w));
-        }
-      }
-    }
-  }
-}
-
-torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
-                                int64_t k, bool bf16) {
-  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_dequantize: unknown format ", fmt);
-  const int f = static_cast<int>(fmt);
-  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
-  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
-                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
-                    "kquant_dequantize: the tiles do not match n = ", n, ", k = ", k);
-  auto out = torch::empty({n, k}, qs.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
-  const uint8_t* q8 = qs.data_ptr<uint8_t>();
-  const uint8_t* s8 = scales.data_ptr<uint8_t>();
-  void* dst = out.data_ptr();
-  parallel_tasks(T, [&](int64_t t) {
-    if (f == Q4K) dequantize_tile<Q4K>(q8, s8, S, t, n, k, bf16, dst);
-    else if (f == Q5K) dequantize_tile<Q5K>(q8, s8, S, t, n, k, bf16, dst);
-    else dequantize_tile<Q6K>(q8, s8, S, t, n, k, bf16, dst);
-  });
-  return out;
 }
 
 }  // namespace kiln

@@ -1,4 +1,5 @@
-// The K-quant tiles' codec: GGUF blocks into tiles, tiles into dense weights (see kquant_pack.cpp).
+// The K-quant tiles' codec: GGUF blocks into tiles (kquant_pack.cpp), tiles into dense weights
+// (kquant_dequant.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -17,8 +18,10 @@ std::vector<torch::Tensor> kquant_tiles_from_gguf(const torch::Tensor& blocks, i
                                                   int64_t super_bytes);
 
 // The dense [n, k] weight of kquant tiles (float32, or bfloat16 rounded from it), each value as
-// gguf.quants.dequantize computes it.
+// gguf.quants.dequantize computes it; every ISA gives the same bits. isa: -1 the active one, 0 scalar,
+// 1 avx2, 2 avx512. out: n * k contiguous values of that dtype to write into (a reused buffer spares
+// the fresh pages a new tensor of that size faults in); returned.
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
-                                int64_t k, bool bf16);
+                                int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out);
 
 }  // namespace kiln
