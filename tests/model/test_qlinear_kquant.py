@@ -157,6 +157,18 @@ def test_more_threads_give_the_same_result(kind: str, acts: str) -> None:
     assert same_with_one_and_two_threads(pw, activations(6, 512))
 
 
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+def test_many_row_blocks_give_each_rows_bits_on_every_isa_and_thread_count(kind: str) -> None:
+    # 8-bit activations, M past several row blocks (codes unpacked once a tile for all of them)
+    pw = packed(kind, 72, 768, "int8")
+    x = activations(29, 768)
+    alone = torch.cat([quant_linear(x[i: i + 1], pw, isa="scalar") for i in range(29)])
+    for isa in supported_isas():
+        assert torch.equal(quant_linear(x, pw, isa=isa), alone), isa
+    assert same_with_one_and_two_threads(pw, x)
+
+
 def test_k_not_whole_superblocks_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="multiple of 256"):
         kquant.pack_from_gguf("q4_k", np.zeros(4 * 144, np.uint8), (4, 288))

@@ -291,14 +291,42 @@ KILN_KQ_AVX2 inline __m256i q6_half_avx2(const uint8_t* qg, int c, int h, int rh
   return _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), three), 4));
 }
 
+// Q6_K's codes of a tile unpacked into ready byte vectors: vector ((s * 8 + g) * 8 + 4h + c) holds
+// q6_half_avx2(group g of superblock s, c, h) of row half rh in its bytes 32rh..32rh+31. Unpacking the
+// high bits costs as much as the maddubs chain of a few rows, so for M > kPanelMinRows it is done once
+// a tile (measured: Q4_K's nibbles and the AVX512-VNNI path gained nothing from a panel).
+constexpr int kPanelVecs = 64;   // vectors a superblock
+constexpr int64_t kPanelMinRows = 16;   // at 5-8 rows (two blocks) the panel's stores did not pay
+struct alignas(64) PanelVec {
+  uint8_t b[64];
+};
+
+KILN_KQ_AVX2 void unpack_tile_q6_avx2(const Problem& p, int64_t t, PanelVec* panel) {
+  constexpr int64_t QB = group_bytes(Q6K), QS = super_bytes(Q6K);
+  for (int64_t s = 0; s < p.S; ++s)
+    for (int g = 0; g < 8; ++g) {
+      prefetch_ahead<Q6K>(p.qs, p.sc, p.S, t, s, g, 1);
+      const uint8_t* qg = p.qs + (t * p.S + s) * QS + g * QB;
+      uint8_t* v = panel[(s * 8 + g) * 8].b;
+      for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 4; ++c)
+          for (int rh = 0; rh < 2; ++rh)
+            _mm256_store_si256(reinterpret_cast<__m256i*>(v + 64 * (4 * h + c) + 32 * rh), q6_half_avx2(qg, c, h, rh));
+    }
+}
+
 // maddubs pairs an unsigned code byte with a signed activation byte (|xq| <= 127) into int16, and
 // several of those add up in int16 before madd scales them: Q4_K 8 (8 * 2 * 15 * 127 = 30480), Q5_K 4
 // (4 * 2 * 31 * 127 = 31496), Q6_K 2 (2 * 2 * 63 * 127 = 32004), never past 32767.
 //
 // U = NT * H vectors side by side: NT tiles, each in H halves (H = 2: both of a tile's halves in one pass,
 // every code byte read once; H = 1: half rh0 only, the caller runs the other half next).
-template <int F, int NT, int MB, int H>
-KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, float (*out)[kMaxMB][kRows]) {
+// Panel: the codes come from a per-thread panel of a tile's codes, unpacked once (unpack_tile_q6_avx2)
+// for all row blocks instead of again in each one; the arithmetic is the same.
+template <int F, int NT, int MB, int H, bool Panel = false>
+KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, float (*out)[kMaxMB][kRows],
+                             const PanelVec* panel = nullptr) {
+  static_assert(!Panel || (NT == 1 && H == 1), "a panel holds one tile, read a half at a time");
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
   constexpr int U = NT * H;
   int rhs[U];
@@ -352,9 +380,10 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
       }
     }
     for (int g = 0; g < 8; ++g) {
-      if (rh0 == 0)
+      if (rh0 == 0 && !Panel)
         for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, S, t + a, s, g, NT);
       const int64_t xo = s * kSuper + g * kGroup;
+      const uint8_t* pv = Panel ? panel[(s * 8 + g) * 8].b + 32 * rh0 : nullptr;
       if constexpr (F == Q6K) {
         for (int h = 0; h < 2; ++h) {
           __m256i scv[U];
@@ -367,7 +396,9 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
             __m256i p16[U][MB];
             for (int c = c0; c < c0 + 2; ++c) {
               __m256i v[U];
-              for (int a = 0; a < U; ++a) v[a] = q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
+              for (int a = 0; a < U; ++a)
+                v[a] = Panel ? _mm256_load_si256(reinterpret_cast<const __m256i*>(pv + 64 * (4 * h + c)))
+                             : q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
               for (int j = 0; j < MB; ++j) {
                 const __m256i xb = _mm256_set1_epi32(load_i32(p.xq + (m0 + j) * K + xo + 16 * h + 4 * c));
                 for (int a = 0; a < U; ++a) {
@@ -435,13 +466,14 @@ KILN_KQ_VNNI void rows_vnni(const Problem& p, int64_t t, int64_t m0, int mb, flo
   }
 }
 
-template <int F>
-KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int rh, float (*out)[kMaxMB][kRows]) {
+template <int F, bool Panel = false>
+KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int rh, float (*out)[kMaxMB][kRows],
+                            const PanelVec* panel = nullptr) {
   switch (mb) {
-    case 1: return tiles_avx2<F, 1, 1, 1>(p, t, m0, rh, out);
-    case 2: return tiles_avx2<F, 1, 2, 1>(p, t, m0, rh, out);
-    case 3: return tiles_avx2<F, 1, 3, 1>(p, t, m0, rh, out);
-    default: return tiles_avx2<F, 1, 4, 1>(p, t, m0, rh, out);
+    case 1: return tiles_avx2<F, 1, 1, 1, Panel>(p, t, m0, rh, out, panel);
+    case 2: return tiles_avx2<F, 1, 2, 1, Panel>(p, t, m0, rh, out, panel);
+    case 3: return tiles_avx2<F, 1, 3, 1, Panel>(p, t, m0, rh, out, panel);
+    default: return tiles_avx2<F, 1, 4, 1, Panel>(p, t, m0, rh, out, panel);
   }
 }
 
@@ -452,6 +484,21 @@ template <int F>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   float out[4][kMaxMB][kRows];
   const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
+  if constexpr (F == Q6K) {
+    if (!vnni && p.M > kPanelMinRows) {   // many row blocks: unpack each tile once for all of them
+      thread_local std::vector<PanelVec> panel;
+      panel.resize(static_cast<size_t>(p.S * kPanelVecs));
+      for (int64_t t = t0; t < t1; ++t) {
+        unpack_tile_q6_avx2(p, t, panel.data());
+        for (int64_t m0 = 0; m0 < p.M; m0 += block) {
+          const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
+          for (int rh = 0; rh < 2; ++rh) rows_avx2<F, true>(p, t, m0, mb, rh, out, panel.data());
+          for (int j = 0; j < mb; ++j) store(p, m0 + j, t, out[0][j]);
+        }
+      }
+      return;
+    }
+  }
   for (int64_t m0 = 0; m0 < p.M; m0 += block) {
     const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
     const int want = vnni ? (mb == 1 ? 4 : mb == 2 ? 2 : 1) : 1;
