@@ -27,7 +27,7 @@ serve: $(STAMP)
 	$(BIN)/kiln serve $(ARGS)
 
 test: $(STAMP) browser llamacpp
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # Debian's chromium and its driver for the dashboard's browser test (tests/e2e/test_ui_browser.py):
 # installed when missing and running as root (as CI does); otherwise that test skips and says why.
