@@ -19,7 +19,7 @@ from kiln.model.auto_weights import choose as choose_auto
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
-from kiln.model.gguf_file import read_gguf_tensor_infos
+from kiln.model.gguf_file import read_gguf_tensor_infos, trim_heap
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
@@ -209,6 +209,7 @@ def load_model(
     # q|k|v and gate|up as one weight each for the serving path (the projections become views of it;
     # layer by layer, so one layer's originals are freed before the next is fused)
     fuse_projections(model)
+    trim_heap()   # the unfused originals' and the load's freed temporaries' pages
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     if weights.tensor_types:
