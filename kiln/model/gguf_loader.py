@@ -97,9 +97,11 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
         finally:
             # every use above copied the tensor out of the file (packed blocks, a dequantized or owned
             # copy): its mapped pages need not stay resident while the rest of the file loads, nor the
-            # heap pages its freed temporaries leave
+            # heap pages its freed temporaries leave (torch's packers and dequantization make them; the
+            # K-quant packer writes its tiles in one pass, so trimming there would only re-fault pages)
             gguf.release(t)
-            trim_heap()
+            if t.qtype not in _K_KINDS:
+                trim_heap()
     return config, tensors, metadata
 
 
