@@ -143,7 +143,7 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     if weights.held:
         log.info("weights held in memory: %s", weights.held)
     if settings.model.quantization == "auto" and device.type == "cpu" and weights.format == "gguf":
-        reason = auto_quantization_reason(info.quantization)
+        reason = auto_quantization_reason(path, device)
         if reason:
             log.info("weights: %s", reason)
     engine = Engine(info, tokenizer, template, actor, weights, identity,

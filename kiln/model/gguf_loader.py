@@ -14,7 +14,7 @@ from torch import Tensor
 
 from kiln.model import kquant
 from kiln.model.config import ModelConfig, UnsupportedModelError
-from kiln.model.gguf_file import GGUFTensor, read_gguf
+from kiln.model.gguf_file import GGUFTensor, read_gguf, trim_heap
 from kiln.model.quant import (
     PackedWeight,
     blocks_placeholder,
@@ -96,8 +96,12 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
             config = _load_tensor(t, config, tensors, dtype, packed, types, kquants, blocks_only)
         finally:
             # every use above copied the tensor out of the file (packed blocks, a dequantized or owned
-            # copy): its mapped pages need not stay resident while the rest of the file loads
+            # copy): its mapped pages need not stay resident while the rest of the file loads, nor the
+            # heap pages its freed temporaries leave (torch's packers and dequantization make them; the
+            # K-quant packer writes its tiles in one pass, so trimming there would only re-fault pages)
             gguf.release(t)
+            if t.qtype not in _K_KINDS:
+                trim_heap()
     return config, tensors, metadata
 
 

@@ -14,10 +14,12 @@ from safetensors import safe_open
 from torch import Tensor
 
 from kiln.model import kernels
+from kiln.model.auto_weights import AutoFacts
+from kiln.model.auto_weights import choose as choose_auto
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
-from kiln.model.gguf_file import read_gguf_tensor_infos
+from kiln.model.gguf_file import read_gguf_tensor_infos, trim_heap
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
@@ -104,71 +106,43 @@ KQUANT_GGUF_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})
 
 
 def resolve_quantization(path: str | Path, device: torch.device | str = "cpu") -> str:
-    """What "auto" (the default) serves. Where the kernels multiply bfloat16 natively, rebuild it from
-    a GGUF's blocks for decode (AVX512-BF16, `codes_serve_here`) and vdpbf16ps outpaces float32 FMAs
-    (AMD, `kernels.bf16_dot_outpaces_fma`), the dense weights ("none"): a decode step reads the
-    blocks' bytes, and vdpbf16ps gives batches and prompts twice float32's rate. On any other CPU the
-    kernels run (AVX2; Intel's AVX512-BF16, whose vdpbf16ps has half its FMAs' rate), a GGUF whose
-    projections are Q4_0/Q4_1/Q8_0 blocks keeps them, multiplied with float activations ("gguf-float"):
-    the dequantized weights' answers from a third of bfloat16's bytes, where streaming bfloat16 alone
-    would take longer than llama-server's whole token (270 MB a token at 24 GB/s on a 2-core Zen 2),
-    and where rebuilding bfloat16 from the blocks costs an Intel core more than the float32 products
-    (on the Intel Xeon of benchmarks/RESULTS.md one stream 129 -> 173 tok/s, 8 streams 275 -> 296, 16-64
-    streams 1-4% fewer). Anything else: the dense weights.
+    """What "auto" (the default) serves the model at `path` with on `device`: kiln/model/auto_weights.py
+    decides (by bytes moved per token, see its docstring) from the facts `auto_facts` gathers."""
+    return choose_auto(auto_facts(path, device)).quantization
 
-    A GGUF whose projections are mostly K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files: the models people
-    download, 1-8B) serves them from their blocks with 8-bit activations ("gguf", llama.cpp's
-    arithmetic) on every CPU the kernels run on: the dense kernel's codes cannot rebuild them, so dense
-    bfloat16 would stream 3-4x the blocks' bytes every decode step, and float activations are
-    compute-bound (every code converted to float: ~15 GB/s a Zen 4 core for Q4_K, ~10 for Q6_K, against
-    ~44 / ~36 with int8 dot products), which held a 1B Q4_K_M decode step at ~0.6x llama-server's.
-    "gguf-float" keeps float activations (the dequantized model's answers) for whoever wants them."""
+
+def auto_quantization_reason(path: str | Path, device: torch.device | str = "cpu") -> str | None:
+    """Why "auto" serves the model at `path` as it does on this CPU, in a sentence for the startup log
+    (None where there is nothing to explain: a GPU, a dense model, no kernels)."""
+    return choose_auto(auto_facts(path, device)).reason
+
+
+def auto_facts(path: str | Path, device: torch.device | str = "cpu") -> AutoFacts:
+    """The CPU's and the file's facts that "auto" decides on (kiln's own GGUF parser: gguf.GGUFReader
+    takes seconds over a 50k-token vocabulary; the parse is cached per file version)."""
     p = Path(path)
-    if torch.device(device).type != "cpu" or not (p.is_file() and p.suffix == ".gguf"):
-        return "none"
+    on_cpu = torch.device(device).type == "cpu"
+    is_gguf = p.is_file() and p.suffix == ".gguf"
     # (_bf16_decode_wins first: it loads the kernels, so a failed build reads as no kernels below)
-    bf16_wins = _bf16_decode_wins()
-    if not kernels.dense_bf16_fast():
-        return "none"
-    packable = kquants = total = 0
-    # (kiln's own parser: gguf.GGUFReader takes seconds over a 50k-token vocabulary)
-    for t in read_gguf_tensor_infos(p):
+    bf16_wins = on_cpu and is_gguf and _bf16_decode_wins()
+    run = on_cpu and is_gguf and kernels.dense_bf16_fast()
+    packable = kquants = total = every = 0
+    for t in read_gguf_tensor_infos(p) if run else ():
+        n = math.prod(t.shape)
+        every += n
         if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
-            n = math.prod(t.shape)
             total += n
             packable += n if t.qtype.name in PACKABLE_GGUF_TYPES else 0
             kquants += n if t.qtype.name in KQUANT_GGUF_TYPES else 0
-    if total and kquants * 2 >= total:
-        return "gguf"
-    # most of the layers' weights in blocks the kernels take (a projection whose K is not whole groups of
-    # 32 stays dense, as GGUF writers store it unquantized)
-    return "gguf-float" if not bf16_wins and total and packable * 2 >= total else "none"
+    return AutoFacts(on_cpu=on_cpu, is_gguf=is_gguf, kernels=run, bf16_wins=bf16_wins,
+                     isa=kernels.active_isa() if run else "scalar", projection_elements=total,
+                     kquant_elements=kquants, packable_elements=packable, dense_bytes=every * 2)
 
 
 def _bf16_decode_wins() -> bool:
-    """Whether dense bfloat16 is auto's choice for a GGUF here: decode rebuilds it from the blocks
-    (AVX512-BF16) and vdpbf16ps outpaces float32 FMAs (AMD)."""
+    """Whether decode rebuilds dense bfloat16 from a GGUF's blocks (AVX512-BF16) and vdpbf16ps outpaces
+    float32 FMAs (AMD)."""
     return codes_serve_here() and kernels.bf16_dot_outpaces_fma()
-
-
-def auto_quantization_reason(resolved: str) -> str | None:
-    """Why "auto" resolved to `resolved` on this CPU, in a sentence for the startup log (None where
-    there is nothing to explain: a GPU, a dense model, no kernels)."""
-    isa = kernels.active_isa()
-    if resolved == "gguf":
-        return ("auto serves the GGUF's K-quant blocks with 8-bit activations (gguf, llama.cpp's arithmetic): "
-                "dense bfloat16 cannot be rebuilt from them and would stream 3-4x their bytes a decode step, and "
-                "float32 activations are compute-bound; --quantization gguf-float keeps the blocks with float32 "
-                "activations (the dequantized model's answers), none serves dense bfloat16")
-    if resolved == "gguf-float":
-        why = ("this CPU's vdpbf16ps runs at half its float32 FMAs' rate (Intel AVX512-BF16)"
-               if isa == "avx512" and codes_serve_here() else f"no native bfloat16 dot products on the {isa} kernels")
-        return (f"auto serves the GGUF's quantized blocks with float32 activations (gguf-float): {why}; "
-                "--quantization none serves dense bfloat16, gguf llama.cpp's 8-bit activations")
-    if resolved == "none" and _bf16_decode_wins():
-        return ("auto serves dense bfloat16 (decode rebuilds Q4_0/Q4_1/Q8_0 weights from their blocks): this CPU's vdpbf16ps "
-                "outpaces its float32 FMAs; --quantization gguf-float keeps the blocks with float32 activations")
-    return None
 
 
 def load_model(
@@ -235,6 +209,7 @@ def load_model(
     # q|k|v and gate|up as one weight each for the serving path (the projections become views of it;
     # layer by layer, so one layer's originals are freed before the next is fused)
     fuse_projections(model)
+    trim_heap()   # the unfused originals' and the load's freed temporaries' pages
     # share storage with the model instead of holding a second copy of every weight
     weights.tensors = dict(model.state_dict())
     if weights.tensor_types:

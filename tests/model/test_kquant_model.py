@@ -155,6 +155,6 @@ def test_an_embedding_held_as_blocks_dequantizes_only_the_rows_looked_up(q4_k_m:
     assert torch.equal(rows, emb.packed.dequantize()[ids])
 
 
-def test_the_startup_log_says_why_auto_chose_8_bit_activations() -> None:
-    reason = loader.auto_quantization_reason("gguf")
+def test_the_startup_log_says_why_auto_chose_8_bit_activations(q4_k_m) -> None:
+    reason = loader.auto_quantization_reason(q4_k_m)
     assert reason is not None and "8-bit activations" in reason and "--quantization gguf-float" in reason

@@ -112,26 +112,29 @@ def test_auto_keeps_the_blocks_with_float_activations_where_vdpbf16ps_is_slower_
     assert loader.resolve_quantization(path) == "gguf-float"
 
 
-@pytest.mark.parametrize(("isa", "bf16_codes", "vendor", "resolved", "says"), [
-    ("avx512", True, "GenuineIntel", "gguf-float", "half its float32 FMAs' rate"),
-    ("avx2", False, "AuthenticAMD", "gguf-float", "no native bfloat16 dot products on the avx2 kernels"),
-    ("avx512", True, "AuthenticAMD", "none", "outpaces its float32 FMAs"),
+@pytest.mark.parametrize(("isa", "bf16_codes", "vendor", "says"), [
+    ("avx512", True, "GenuineIntel", "half its float32 FMAs' rate"),
+    ("avx2", False, "AuthenticAMD", "no native bfloat16 dot products on the avx2 kernels"),
+    ("avx512", True, "AuthenticAMD", "outpaces its float32 FMAs"),
 ])
-def test_the_startup_log_says_why_auto_chose_the_weights(monkeypatch, isa, bf16_codes, vendor, resolved, says):
+def test_the_startup_log_says_why_auto_chose_the_weights(tmp_path, monkeypatch, isa, bf16_codes, vendor, says):
     from kiln.model import kernels, loader
 
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.Q4_1)
     monkeypatch.setattr(kernels, "active_isa", lambda: isa)
     monkeypatch.setattr(loader, "codes_serve_here", lambda: bf16_codes)
     monkeypatch.setattr(kernels, "cpu_vendor", lambda: vendor)
-    reason = loader.auto_quantization_reason(resolved)
+    reason = loader.auto_quantization_reason(path)
     assert reason is not None and says in reason and "--quantization" in reason
 
 
-def test_auto_explains_nothing_for_dense_weights_it_did_not_choose_for_bfloat16(monkeypatch):
+def test_auto_explains_nothing_for_a_dense_model(tmp_path):
     from kiln.model import loader
 
-    monkeypatch.setattr(loader, "codes_serve_here", lambda: False)
-    assert loader.auto_quantization_reason("none") is None
+    path = tmp_path / "tiny-f32.gguf"
+    write_llama_gguf(path, make_hf("llama"), Q.F32)
+    assert loader.auto_quantization_reason(path) is None
 
 
 def test_auto_serves_the_dense_weights_without_the_kernels(tmp_path, monkeypatch):
