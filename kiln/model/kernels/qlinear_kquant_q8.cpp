@@ -144,13 +144,19 @@ KILN_KQ_VNNI inline __m512i pairs16(__m512i lo, __m512i hi) {
   return _mm512_mask_blend_epi16(0xAAAAAAAAu, lo, _mm512_slli_epi32(hi, 16));
 }
 
-// Q6_K's unsigned codes (0..63) of half h (K 16h + 4c + i) of group qg, 16 rows
+// Q6_K's unsigned codes (0..63) of half h (K 16h + 4c + i) of group qg, 16 rows: the low nibble, and
+// the two high bits put in place by one shift and one vpternlogd ((hi & 0x30) | lo) instead of shift,
+// mask, shift, or (one-row decode GEMV, 1B's Q6_K ffn_down: 15% less CPU time a call; the AVX2 twin
+// below kept its form, where the same rewrite measured 20% slower)
 KILN_KQ_VNNI inline __m512i q6_half_avx512(const uint8_t* qg, int c, int h) {
-  const __m512i m15 = _mm512_set1_epi8(15), three = _mm512_set1_epi8(3);
+  const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(0x30);
   const __m512i v = _mm512_loadu_si512(qg + c * 64);
   const __m512i n = h ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m15) : _mm512_and_si512(v, m15);
+  // bits 2c, 2c+1 of each byte to bits 4, 5 by one 16-bit shift (c is a constant once the callers'
+  // loops unroll); what crosses into a neighbouring byte lands outside bits 4-5, masked away
   const __m512i hb = _mm512_loadu_si512(qg + 256 + 64 * h);
-  return _mm512_or_si512(n, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * c), three), 4));
+  const __m512i hi = c < 2 ? _mm512_slli_epi16(hb, 4 - 2 * c) : c == 3 ? _mm512_srli_epi16(hb, 2) : hb;
+  return _mm512_ternarylogic_epi32(hi, n, m48, 0xEC);   // (hi & m48) | n
 }
 
 template <int F, int NT, int MB>
