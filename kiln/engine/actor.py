@@ -42,6 +42,7 @@ from kiln.engine.runner import ModelRunner
 from kiln.engine.scoring import PromptScores
 from kiln.engine.timing import ChoiceStats, StepTiming
 from kiln.engine.tokenizer import Tokenizer
+from kiln.model.gguf_file import trim_heap
 
 log = logging.getLogger("kiln.engine")
 
@@ -206,10 +207,16 @@ class EngineActor:
             self.prewarmed = True
         except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request some time
             log.exception("engine warm-up failed")
+        busy = False
         while not self._stop.is_set():
             try:
                 if not self.scheduler.has_work():
                     self._outbox.flush()   # no next step to carry the last one's events
+                    if busy:
+                        # a prompt's temporaries (~100 MB at 1B) stay in glibc's heap once freed: hand
+                        # them back when the engine goes idle, so an idle server holds what it serves with
+                        trim_heap()
+                busy = self.scheduler.has_work()
                 self._drain_inbox(block=not self.scheduler.has_work())
                 if self._stop.is_set():
                     break
