@@ -61,3 +61,21 @@ def test_sft_over_the_blocks_gives_the_dense_copys_losses(q4_k_m: Path, work: Sf
     assert want[-1] < want[0]     # the run learns at all
     for a, b in zip(got, want, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sft_over_weights_dequantized_in_panels_learns_what_the_dense_copy_learns(
+        q4_k_m: Path, work: SftWork, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every weight over a (lowered) scratch bound goes in panels of 16 rows, as a 1B model's LM head
+    does: the losses stay the dense copy's, up to the order the panels' input gradients are summed in."""
+    from kiln.model import precision
+    monkeypatch.setattr(precision, "SCRATCH_MAX_VALUES", 16 * 64)
+    monkeypatch.setattr(precision, "PANEL_MAX_VALUES", 16 * 64)
+    blocks, _ = load_model(q4_k_m, dtype=dtype, quantization="gguf-float")
+    dense, _ = load_model(q4_k_m, dtype=dtype, quantization="none")
+    head = blocks.lm_head.packed
+    assert holds_no_values(blocks.lm_head.weight) and len(precision._panels(head)) > 1
+    got, want = sft_losses(blocks, work), sft_losses(dense, work)
+    assert want[-1] < want[0]
+    for a, b in zip(got, want, strict=True):
+        assert a == pytest.approx(b, rel=1e-3 if dtype == "bfloat16" else 1e-5)
