@@ -130,7 +130,9 @@ class PackedWeight:
         tiles, where = torch.unique(flat // TILE_ROWS, return_inverse=True)
         part = PackedWeight(self.kind, tiles.numel() * TILE_ROWS, self.in_features, self.qs[tiles],
                             self.scales[tiles], self.float_act)
-        rows = part._dequantize_whole(dtype)[where * TILE_ROWS + flat % TILE_ROWS]
+        # dequantize(), not _dequantize_whole(): K-quant tiles then go through the C++ pass (the same
+        # values), ~10x less time for a 500-token prompt's rows of a 1B model's Q6_K table
+        rows = part.dequantize(dtype)[where * TILE_ROWS + flat % TILE_ROWS]
         return rows.view(*index.shape, self.in_features)
 
     def _tile_range(self, start: int, stop: int) -> PackedWeight:

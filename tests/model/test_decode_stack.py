@@ -387,6 +387,33 @@ def test_the_stacks_split_threshold_is_at_least_one_row(tmp_path):
         stack.min_split_rows = 0
 
 
+def test_the_stacks_row_cost_scales_with_the_layers_shapes(tmp_path):
+    # a row's matrices against a position of its attention: 700 positions at SmolLM2-135M's ratio
+    model = _packed(tmp_path, "llama")
+    cfg = model.config
+    stack = build_decode_stack(model, kernels.load())
+    hidden, heads, kv_heads, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    macs = hidden * (heads + 2 * kv_heads) * hd + heads * hd * hidden + 3 * hidden * cfg.intermediate_size
+    assert stack.row_positions == pytest.approx(700 * macs / (2 * heads * hd) / 3072)
+    stack.row_positions = 5.0
+    assert stack.row_positions == 5.0
+    with pytest.raises(ValueError, match="negative"):
+        stack.row_positions = -1.0
+
+
+@pytest.mark.parametrize("row_positions", [0.5, 1e6])
+def test_where_a_step_is_cut_changes_no_bits(tmp_path, monkeypatch, split_over, row_positions):
+    # the cut moves with the row cost (prompt chunks cut early or late): each row's values stay
+    model = _packed(tmp_path, "llama")
+    layered, layered_cache = _mixed_run(model, False, monkeypatch, False)
+    split_over(model, 2)
+    model._decode_stack.row_positions = row_positions
+    split, split_cache = _mixed_run(model, True, monkeypatch, False)
+    for a, b in zip(split, layered, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(split_cache.storage, layered_cache.storage)
+
+
 @pytest.mark.parametrize("quantization", ["q4_1", "none"])
 def test_the_stacks_logits_are_compute_logits_of_its_hidden_states(each_isa, tmp_path, monkeypatch, split_over,
                                                                    quantization):

@@ -68,6 +68,24 @@ def test_a_few_tiles_at_a_time_or_only_the_rows_asked_for_dequantize_to_the_same
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_looked_up_rows_are_the_gguf_values_with_or_without_the_kernels(kind: str, dtype: torch.dtype,
+                                                                         monkeypatch) -> None:
+    blocks = random_blocks(kind, 37, 512, seed=5)
+    pw = kquant.pack_from_gguf(kind, blocks, (37, 512))
+    want = gguf_dense(kind, blocks, 37, 512).to(dtype)
+    rows = torch.tensor([[36, 0, 17], [17, 5, 36]])
+    assert torch.equal(pw.dequantize_rows(rows, dtype), want[rows])   # the C++ pass where it is built
+    monkeypatch.setenv(quant.DISABLE_ENV, "1")
+    quant.refresh_from_env()
+    try:
+        assert torch.equal(pw.dequantize_rows(rows, dtype), want[rows])   # the torch ops
+    finally:
+        monkeypatch.delenv(quant.DISABLE_ENV)
+        quant.refresh_from_env()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_row_selection_and_concatenation_move_whole_rows(kind: str) -> None:
     blocks = random_blocks(kind, 40, 256)
     pw = kquant.pack_from_gguf(kind, blocks, (40, 256))

@@ -60,8 +60,12 @@ constexpr int64_t kHeadSplitRows = 32;
 // threads share out each matrix): measured on 2 cores only.
 constexpr int64_t kMaxSplitThreads = 4;
 // one row's matrices cost about what its attention over this many positions costs (gguf, AVX2: 64
-// rows over 100 vs 270 positions 72 vs 87 ms a step, about 1 ms a row besides the attention)
+// rows over 100 vs 270 positions 72 vs 87 ms a step, about 1 ms a row besides the attention), measured
+// on SmolLM2-135M, whose matrices do kRowMacsPerPositionMac times the multiply-adds of a position of
+// attention a row; another model's figure scales with its own ratio (Llama-3.2-1B's is 4.8x 135M's:
+// at 700 a 500-token prompt split 283 | 217 rows, its thread of 217 idle for ~12% of the step)
 constexpr double kRowPositions = 700;
+constexpr double kRowMacsPerPositionMac = 3072;
 
 // How far a part of a split step has got: layers whose K/V its rows have written (and, for a part that
 // continues a prompt chunk, whose earlier rows' K/V the part before it has written).
@@ -136,6 +140,20 @@ class DecodeStack {
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // split_rows' cost of one row's matrices, in positions of its attention (0: from the layers' shapes)
+  double row_positions() const {
+    if (row_positions_ > 0) return row_positions_;
+    if (layers_.empty()) return kRowPositions;
+    const Layer& L = layers_[0];
+    const double macs = static_cast<double>(L.qkv.n * L.qkv.k + L.o.n * L.o.k + L.gate_up.n * L.gate_up.k +
+                                            L.down.n * L.down.k);
+    const double per_position = 2.0 * static_cast<double>(heads_ * head_dim_);   // q.k and p.v
+    return kRowPositions * macs / per_position / kRowMacsPerPositionMac;
+  }
+  void set_row_positions(double n) {
+    TORCH_CHECK_VALUE(n >= 0, "DecodeStack.row_positions must not be negative");
+    row_positions_ = n;
+  }
   int64_t min_split_rows() const {
     if (min_split_rows_ > 0) return min_split_rows_;
     return !layers_.empty() && layers_[0].o.kind >= 2 && layers_[0].o.kind <= 4 ? kMinSplitRowsTiles : kMinSplitRows;
@@ -275,8 +293,9 @@ class DecodeStack {
     const auto lens = context_lens.contiguous();
     const int64_t* lp = lens.data_ptr<int64_t>();
     std::vector<double> cost(static_cast<size_t>(T));   // of rows 0..r inclusive
+    const double row = row_positions();
     double total = 0;
-    for (int64_t r = 0; r < T; ++r) cost[static_cast<size_t>(r)] = total += kRowPositions + static_cast<double>(lp[r]);
+    for (int64_t r = 0; r < T; ++r) cost[static_cast<size_t>(r)] = total += row + static_cast<double>(lp[r]);
     std::vector<int64_t> cuts{0};
     for (int64_t g = 1; g < threads; ++g) {
       const double share = total * static_cast<double>(g) / static_cast<double>(threads);
@@ -402,6 +421,7 @@ class DecodeStack {
 
   int64_t heads_, kv_heads_, head_dim_, inter_;
   int64_t min_split_rows_ = 0;   // 0: by the weights' kind
+  double row_positions_ = 0;     // 0: from the layers' shapes
   torch::Tensor head_norm_;
   Projection head_;
   bool has_head_ = false;
@@ -421,6 +441,8 @@ void register_decode_stack(pybind11::module& m) {
       .def_property_readonly("has_head", &DecodeStack::has_head)
       .def_property("min_split_rows", &DecodeStack::min_split_rows, &DecodeStack::set_min_split_rows,
                     "a step splits its rows over the threads from this many rows a thread")
+      .def_property("row_positions", &DecodeStack::row_positions, &DecodeStack::set_row_positions,
+                    "a row's matrices cost, in positions of its attention, when a step splits its rows")
       .def("forward", &DecodeStack::forward, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("kv"),
            py::arg("slot_mapping"), py::arg("context_slots"), py::arg("context_lens"), py::arg("scale"),
            py::arg("lora_slots") = py::none(), py::arg("lora_a") = std::vector<c10::optional<torch::Tensor>>(),
