@@ -14,12 +14,6 @@ from __future__ import annotations
 ATTENTION_SPAN = 1024
 # A step never moves a prompt forward by fewer tokens than this, however long its prefix.
 MIN_CHUNK = 16
-# ... except a step whose price a PrefillPacer set: its budget comes from measured step times, and a
-# MIN_CHUNK floor would overrule it exactly where steps are slowest. On a Llama-3.2-1B-shaped Q4_K_M
-# (2-core AMD EPYC Zen 4, AVX-512) 16 tokens deep in a 2000-token prompt cost more than the pacer's
-# whole prefill share of a step with 8 decodes, and the floor, not the pacer, set the longest gaps
-# (a third over the step's aim). A paced step still moves a prompt at least this far.
-MIN_PACED_CHUNK = 4
 
 
 def chunk_cost(start: int, n: int, span: int = ATTENTION_SPAN) -> float:

@@ -11,11 +11,10 @@ Each step has a token budget (`max_batch_tokens`). Policy, in order:
 When the step carries decodes, prompt chunks also share a prefill price (prefill_cost.py), which
 keeps the decoding streams' inter-token gaps bounded while prompts arrive:
 - with a `PrefillPacer` that has measured this engine's steps, the price that fits its time target,
-  for every prompt (a short one too: on a slow code path a whole 500-token prompt is a long stall),
-  a long prefix moving at least MIN_PACED_CHUNK tokens a step;
+  for every prompt (a short one too: on a slow code path a whole 500-token prompt is a long stall);
   a pacer made `below_fixed_price` only where its price is below the fixed one;
 - otherwise the fixed `prefill_cost_with_decodes`, for prompts longer than one step's token budget
-  only, a long prefix moving at least MIN_CHUNK tokens a step; 0 turns that off.
+  only; 0 turns that off.
 `observe` hands each finished step's wall time to the pacer.
 The step lists one-token rows (decodes) first, grouped by adapter slot, then the prompt chunks.
 """
@@ -26,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kiln.core.block_manager import BlockManager
-from kiln.core.prefill_cost import MIN_CHUNK, MIN_PACED_CHUNK, chunk_cost, tokens_within
+from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
 from kiln.core.prefill_pacer import PrefillPacer
 from kiln.core.sequence import Sequence, SequenceStatus
 
@@ -203,8 +202,8 @@ class Scheduler:
             fit = n
         else:
             fit = tokens_within(start, n, self._cost_left)
-            if not self._chunked:   # a long prefix must still move forward (less far under the pacer)
-                fit = max(fit, min(n, MIN_PACED_CHUNK if self._meter_all else MIN_CHUNK))
+            if not self._chunked:
+                fit = max(fit, min(n, MIN_CHUNK))   # a long prefix must still move forward
         self._cost_left = max(0.0, self._cost_left - chunk_cost(start, fit))
         self._chunked = self._chunked or fit > 0
         return fit

@@ -4,7 +4,7 @@ whatever machine runs it; until both rates are measured the fixed price stands."
 import pytest
 
 from kiln.core.block_manager import BlockManager
-from kiln.core.prefill_cost import MIN_CHUNK, MIN_PACED_CHUNK, chunk_cost, tokens_within
+from kiln.core.prefill_cost import MIN_CHUNK, chunk_cost, tokens_within
 from kiln.core.prefill_pacer import (
     AUTO_BOUND_MS,
     AUTO_TARGET_MS,
@@ -258,35 +258,3 @@ def test_auto_bounds_the_fixed_price_by_time_elsewhere_on_a_cpu():
 
 def test_auto_keeps_the_fixed_price_alone_off_a_cpu():
     assert auto_itl_pacing("cuda:0", "bfloat16", "none", None) == ItlPacing(0.0)
-
-
-def _deep_chunks(sched: Scheduler, prompt: int, steps: int) -> list[tuple[int, int]]:
-    """(start, tokens) of the chunks `steps` steps feed a `prompt`-token prompt beside the decoder."""
-    seq = _seq(2, prompt)
-    sched.add(seq)
-    chunks = []
-    for _ in range(steps):
-        start = seq.num_computed_tokens
-        out = sched.schedule()
-        chunks.extend((start, n) for n in _prefilled(out))
-        sched.on_step_done(out, {i.seq.seq_id: 7 for i in out.items if i.sample})
-    return chunks
-
-
-def test_a_paced_step_moves_a_long_prompt_by_what_fits_its_budget_below_the_fixed_minimum():
-    sched = _bounding(115.0, 4.0)                   # 25 units: 14 tokens deep in the prompt, not 16
-    chunks = _deep_chunks(sched, 3000, 40)
-    assert all(n == max(MIN_PACED_CHUNK, tokens_within(start, 3000 - start, 25.0)) for start, n in chunks)
-    assert chunks[-1][1] < MIN_CHUNK
-
-
-def test_a_paced_step_whose_budget_fits_no_token_still_moves_the_prompt_a_little():
-    sched = _bounding(115.0, 400.0)                 # a quarter of a unit: not one token
-    chunks = _deep_chunks(sched, 3000, 3)
-    assert [n for _, n in chunks] == [MIN_PACED_CHUNK] * 3
-
-
-def test_under_the_fixed_price_a_long_prefix_still_moves_the_fixed_minimum():
-    sched = _decoding(None, price=4)                # 4 units: not one token past the prompt's start
-    chunks = _deep_chunks(sched, 3000, 3)
-    assert [n for _, n in chunks] == [MIN_CHUNK] * 3
