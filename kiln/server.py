@@ -21,6 +21,7 @@ Imports: api (the app, the state, metrics, lifecycle), and the services' package
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +92,12 @@ class Server:
         return import_lora_modules(self.services.adapter_store, specs)
 
     def load_engine(self) -> None:
-        """Load the model (minutes for a large one) and publish it; meanwhile a thread imports what the
-        first training step would import lazily."""
-        threading.Thread(target=warm_up_imports, name="kiln-train-warm", daemon=True).start()
-        self.publish(build_engine(self.state.settings))
+        """Load the model (minutes for a large one) and publish it; then a thread imports what the first
+        training step would import lazily, once the engine has warmed up (~1.5 s of CPU and the GIL that
+        would otherwise slow the load and the warm-up on a small machine)."""
+        engine = build_engine(self.state.settings)
+        self.publish(engine)
+        threading.Thread(target=_warm_up_imports_after, args=(engine,), name="kiln-train-warm", daemon=True).start()
 
     def publish(self, engine: Engine) -> None:
         """Serve requests with `engine`: the stored adapters and the default adapter the last process
@@ -246,3 +249,10 @@ def _generator_factory(state: ServerState) -> Callable[[], Generator]:
         return cache[id(engine)]
 
     return generator
+
+
+def _warm_up_imports_after(engine: Engine, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not engine.prewarmed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    warm_up_imports()
