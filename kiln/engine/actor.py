@@ -42,7 +42,7 @@ from kiln.engine.runner import ModelRunner
 from kiln.engine.scoring import PromptScores
 from kiln.engine.timing import ChoiceStats, StepTiming
 from kiln.engine.tokenizer import Tokenizer
-from kiln.model.gguf_file import trim_heap
+from kiln.model.heap import trim_heap
 
 log = logging.getLogger("kiln.engine")
 
@@ -207,17 +207,18 @@ class EngineActor:
             self.prewarmed = True
         except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request some time
             log.exception("engine warm-up failed")
-        busy = False
+        was_working = False
         while not self._stop.is_set():
             try:
-                if not self.scheduler.has_work():
+                working = self.scheduler.has_work()
+                if not working:
                     self._outbox.flush()   # no next step to carry the last one's events
-                    if busy:
-                        # a prompt's temporaries (~100 MB at 1B) stay in glibc's heap once freed: hand
-                        # them back when the engine goes idle, so an idle server holds what it serves with
+                    if was_working:
+                        # a prompt's freed temporaries (~100 MB at 1B) stay in glibc's heap: hand them
+                        # back as the engine goes idle, so an idle server holds what it serves with
                         trim_heap()
-                busy = self.scheduler.has_work()
-                self._drain_inbox(block=not self.scheduler.has_work())
+                was_working = working
+                self._drain_inbox(block=not working)
                 if self._stop.is_set():
                     break
                 if self.scheduler.has_work():

@@ -8,14 +8,11 @@ The file is mapped read-only and shared, so every page a loader reads counts in 
 until the mapping goes: a loader that copies each tensor out (packs its blocks, dequantizes it) calls
 `GGUFFile.release` once done with it, which drops that range's pages from the process (the page cache
 keeps them; reading the range again faults them back in, from the same bytes), so loading holds about
-one tensor of the file at a time instead of all of it. `trim_heap` hands back what the copies' freed
-temporaries leave in the C heap.
+one tensor of the file at a time instead of all of it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import mmap
 import os
@@ -76,24 +73,6 @@ def release_range(buf: mmap.mmap | None, start: int, length: int) -> None:
     lo = start - start % mmap.PAGESIZE
     hi = min(len(buf), start + length)
     buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):   # not glibc: nothing to trim
-        return None
-
-
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's malloc_trim; a no-op elsewhere). Packing
-    Q4_0/Q4_1/Q8_0 blocks makes temporaries of a few MB to a few tens of MB, which glibc serves from its
-    heap (its mmap threshold rises to 32 MB after the first large free) and keeps once freed: a 1B Q8_0
-    load held ~620 MB of freed heap beside its 1.1 GB of blocks until trimmed."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class _Cursor:

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from kiln.model import kquant
 from kiln.model.config import ModelConfig, UnsupportedModelError
-from kiln.model.gguf_file import GGUFTensor, read_gguf, trim_heap
+from kiln.model.gguf_file import GGUFTensor, read_gguf
+from kiln.model.heap import trim_heap
 from kiln.model.quant import (
     PackedWeight,
     blocks_placeholder,

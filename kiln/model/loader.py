@@ -19,8 +19,9 @@ from kiln.model.auto_weights import choose as choose_auto
 from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
-from kiln.model.gguf_file import read_gguf_tensor_infos, trim_heap
+from kiln.model.gguf_file import read_gguf_tensor_infos
 from kiln.model.gguf_loader import load_gguf
+from kiln.model.heap import trim_heap
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
 from kiln.model.quant import holds_no_values
