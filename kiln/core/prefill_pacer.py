@@ -13,7 +13,12 @@ A step of d decodes then aims at max(target_ms, min(DECODE_MULTIPLE x its decode
 alone + PREFILL_SHARE_MS)): a few streams keep their gap near the target; many streams (or a machine
 whose decodes alone are slow) stretch theirs by at most that multiple, so the streams' p99 gap stays
 within it of their p50 while prompts still get in at a useful pace; and where the decodes alone are
-slow (a 1B model) the prompt adds at most PREFILL_SHARE_MS to the gap instead of 1.5x the decodes. The price is what fits that time, but never so little that
+slow (a 1B model) the prompt adds at most PREFILL_SHARE_MS to the gap instead of 1.5x the decodes.
+While a queue of prompts waits for its first token (QUEUE_MIN of them: a burst of requests, not one
+long prompt arriving among streams), a step aims higher, at QUEUE_MULTIPLE x that aim but no more than
+QUEUE_AIM_MS: every queued user is waiting too, and small chunks drain a queue at a fraction of the
+prefill speed (each carries a step's fixed cost), so the queue gets what the gap bound allows. The
+price is what fits that time, but never so little that
 the fixed cost f is more than half of the step's prefill share (a chunk that small wastes the step).
 Until both lines have data the scheduler keeps the fixed price. A pacer made with
 `below_fixed_price` only bounds the fixed price: the scheduler takes its price where it is the smaller
@@ -38,6 +43,14 @@ DECODE_MULTIPLE = 2.5
 # 8 decodes take 70-115 ms on a 2-core AMD EPYC Zen 4 with no other load (8 streams at 116 tok/s with
 # Q4_1 blocks, 70 with dense bfloat16), and 2.5x that would come near a 300 ms gap.
 PREFILL_SHARE_MS = 100.0
+# This many prompts waiting for their first token make a queue (one is a lone arrival, paced gently).
+QUEUE_MIN = 2
+# While a queue waits a step aims at this multiple of its usual aim, at most QUEUE_AIM_MS: on a 1B
+# model (2-core AMD EPYC Zen 4) 8 or 32 simultaneous requests were admitted 16-40 prompt tokens a
+# step, ~5 ms a token against ~3.3 in whole prompts, so the first streams finished before the last
+# ones started; 250 ms keeps the streams' gaps under a 300 ms bound.
+QUEUE_MULTIPLE = 2.0
+QUEUE_AIM_MS = 250.0
 
 
 @dataclass
@@ -104,18 +117,22 @@ class PrefillPacer:
             ms -= base
         self._prefill.add(price, max(ms, 0.0))
 
-    def price_budget(self, decodes: int) -> float | None:
-        """The prefill price a step of `decodes` decodes may spend; None until both lines have data."""
+    def price_budget(self, decodes: int, queued: int = 0) -> float | None:
+        """The prefill price a step of `decodes` decodes may spend while `queued` prompts wait for
+        their first token; None until both lines have data."""
         base = self.decode_ms(decodes)
         line = self._prefill.fit(MIN_SAMPLE_PRICE, through_origin=True)
         if base is None or line is None:
             return None
         fixed, per_price = line[0], max(line[1], 1e-6)
-        return max(self.step_ms(base) - base - fixed, fixed) / per_price
+        return max(self.step_ms(base, queued) - base - fixed, fixed) / per_price
 
-    def step_ms(self, decode_ms: float) -> float:
-        """What a step whose decodes alone take `decode_ms` aims at."""
-        return max(self.target_ms, min(DECODE_MULTIPLE * decode_ms, decode_ms + PREFILL_SHARE_MS))
+    def step_ms(self, decode_ms: float, queued: int = 0) -> float:
+        """What a step whose decodes alone take `decode_ms` aims at, with `queued` prompts waiting."""
+        aim = max(self.target_ms, min(DECODE_MULTIPLE * decode_ms, decode_ms + PREFILL_SHARE_MS))
+        if queued >= QUEUE_MIN:
+            aim = max(aim, min(QUEUE_MULTIPLE * aim, QUEUE_AIM_MS))
+        return aim
 
 
 @dataclass(frozen=True)

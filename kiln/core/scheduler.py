@@ -76,6 +76,7 @@ class Scheduler:
         self._cost_left: float | None = None   # this step's prefill price budget (None: unlimited)
         self._meter_all = False                # the budget prices short prompts too (the pacer's)
         self._chunked = False                  # a prefill chunk is already in this step
+        self._whole_left: float | None = None  # a bounding pacer's price left for whole short prompts
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -143,7 +144,7 @@ class Scheduler:
             budget -= 1
 
         out.num_decodes = len(out.items)
-        self._price_step(out.num_decodes)
+        self._price_step(out.num_decodes, self._queued())
         # 2. Running prefills continue before anything new is admitted.
         for seq in self.running:
             if budget == 0:
@@ -169,13 +170,22 @@ class Scheduler:
         out.num_batched_tokens = self.max_batch_tokens - budget
         return out
 
-    def _price_step(self, decodes: int) -> None:
-        """This step's prefill price budget: none without decodes, else the pacer's or the fixed one (a
-        pacer that only bounds the fixed price gives its own where it is the smaller)."""
-        paced = self.pacer.price_budget(decodes) if decodes and self.pacer is not None else None
+    def _queued(self) -> int:
+        """Prompts waiting for their first token: not admitted yet, or admitted with prompt left."""
+        return len(self.waiting) + sum(1 for s in self.running if not s.prompt_computed)
+
+    def _price_step(self, decodes: int, queued: int = 0) -> None:
+        """This step's prefill price budget: none without decodes, else the pacer's (a queue of
+        `queued` prompts lets it aim higher) or the fixed one (a pacer that only bounds the fixed price
+        gives its own where it is the smaller)."""
+        paced = self.pacer.price_budget(decodes, queued) if decodes and self.pacer is not None else None
+        self._whole_left = None
         if (paced is not None and self.pacer is not None and self.pacer.below_fixed_price
                 and self.prefill_cost_with_decodes and paced >= self.prefill_cost_with_decodes):
-            paced = None   # the fixed price's steps fit the pacer's aim: it stands
+            # the fixed price's steps fit the pacer's aim: it stands, but a short prompt goes whole
+            # only while it fits the pacer's price too (a whole 100-token prompt beside a 1B model's
+            # decodes is a 350 ms gap)
+            self._whole_left, paced = paced, None
         if paced is not None:
             self._cost_left, self._meter_all = paced, True
         elif decodes and self.prefill_cost_with_decodes:
@@ -198,8 +208,14 @@ class Scheduler:
         if seq.num_prompt_tokens <= self.max_batch_tokens and not self._meter_all:
             # Under the fixed price a prompt that fits one step goes whole (many short arrivals keep
             # their throughput); only long prompts are metered. It still spends the price a long one
-            # would share.
+            # would share. A bounding pacer's price caps what goes whole.
             fit = n
+            if self._whole_left is not None:
+                if chunk_cost(start, n) > self._whole_left:
+                    fit = tokens_within(start, n, self._whole_left)
+                    if not self._chunked:
+                        fit = max(fit, min(n, MIN_CHUNK))
+                self._whole_left = max(0.0, self._whole_left - chunk_cost(start, fit))
         else:
             fit = tokens_within(start, n, self._cost_left)
             if not self._chunked:

@@ -319,7 +319,12 @@ class EngineActor:
             if choice is not None and choice.stats.admitted_at is None:
                 choice.stats.admitted_at = started
         results, timing = self.runner.step(out, launched=self._outbox.flush)
-        self.scheduler.observe(out, (time.perf_counter() - started) * 1000.0)
+        step_ms = (time.perf_counter() - started) * 1000.0
+        self.scheduler.observe(out, step_ms)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step %d: %d decodes, %d prompt tokens in %d chunks (price %.0f), %d waiting: %.1f ms",
+                      self.steps, out.num_decodes, out.num_batched_tokens - out.num_decodes,
+                      len(out.items) - out.num_decodes, out.prefill_price, self.scheduler.num_waiting, step_ms)
         self._account(out, prefilling, timing, results)
         for seq_id, res in results.items():
             choice = self._choices.get(seq_id)

@@ -11,6 +11,9 @@ from kiln.core.prefill_pacer import (
     DECODE_MULTIPLE,
     MIN_SAMPLE_PRICE,
     PREFILL_SHARE_MS,
+    QUEUE_AIM_MS,
+    QUEUE_MIN,
+    QUEUE_MULTIPLE,
     ItlPacing,
     PrefillPacer,
     auto_itl_pacing,
@@ -166,12 +169,44 @@ def test_paced_chunks_of_a_long_prompt_shrink_as_its_attention_deepens():
 
 
 def test_several_short_prompts_share_one_steps_paced_price():
-    sched = _decoding(_measured(20.0, 1.0))         # 100 units
-    for i in range(2, 6):
+    sched = _decoding(_measured(20.0, 1.0))         # a queue: min(2 x 120, 250) - 20 = 220 units
+    for i in range(2, 9):
         sched.add(_seq(i, 40))
     out = sched.schedule()
-    assert sum(chunk_cost(0, n) for n in _prefilled(out)) <= 100.0 + 1e-9
-    assert _prefilled(out) == [40, 40, tokens_within(0, 40, 100.0 - 2 * chunk_cost(0, 40))]
+    assert sum(chunk_cost(0, n) for n in _prefilled(out)) <= 220.0 + 1e-9
+    assert _prefilled(out) == [40] * 5 + [tokens_within(0, 40, 220.0 - 5 * chunk_cost(0, 40))]
+
+
+def test_a_queue_of_prompts_lets_a_step_aim_higher_up_to_the_queue_bound():
+    pacer = _measured(50.0, 2.0, target_ms=150.0)    # 1 decode alone: 50 ms; its usual aim 150 ms
+    assert QUEUE_MIN == 2 and QUEUE_MULTIPLE == 2.0
+    assert pacer.step_ms(50.0, queued=1) == pytest.approx(150.0)
+    assert pacer.step_ms(50.0, queued=2) == pytest.approx(QUEUE_AIM_MS)     # not 300 ms
+    assert pacer.step_ms(50.0, queued=30) == pytest.approx(QUEUE_AIM_MS)
+    assert pacer.price_budget(1, queued=7) == pytest.approx((QUEUE_AIM_MS - 50.0) / 2.0)
+    small = _measured(10.0, 1.0, target_ms=50.0)     # a fast machine: twice its aim, under the bound
+    assert small.step_ms(10.0, queued=4) == pytest.approx(100.0)
+
+
+def test_a_queue_never_lowers_the_aim():
+    pacer = _measured(200.0, 2.0, target_ms=150.0)   # decodes alone near the bound: aim 300 ms
+    assert pacer.step_ms(200.0, queued=8) == pacer.step_ms(200.0) == pytest.approx(300.0)
+
+
+def test_a_lone_prompt_arriving_among_streams_is_paced_at_the_usual_aim():
+    sched = _decoding(_measured(20.0, 2.0))          # (120 - 20) / 2 = 50 units
+    sched.add(_seq(2, 3000))
+    assert _prefilled(sched.schedule()) == [tokens_within(0, 511, 50.0)]
+
+
+def test_prompts_admitted_with_prompt_left_still_count_as_queued():
+    sched = _decoding(_measured(20.0, 2.0))
+    sched.add(_seq(2, 3000))
+    sched.add(_seq(3, 3000))
+    out = sched.schedule()                           # a queue of two: (240 - 20) / 2 = 110 units
+    assert sum(chunk_cost(0, n) for n in _prefilled(out)) == pytest.approx(110.0, abs=2.0)
+    sched.on_step_done(out, {i.seq.seq_id: 7 for i in out.items if i.sample})
+    assert sched.num_waiting == 1 and sched._queued() == 2
 
 
 def test_a_step_without_decodes_is_not_paced():
@@ -211,8 +246,8 @@ def _measured_bounding(decode_ms: float, ms_per_price: float) -> PrefillPacer:
 
 def test_a_bounding_pacer_leaves_the_fixed_price_where_its_steps_fit_the_aim():
     sched = _bounding(20.0, 1.0)                    # the pacer would allow 130 units
-    sched.add(_seq(2, 300))
-    assert _prefilled(sched.schedule()) == [300]    # a short prompt goes whole, as under the fixed price
+    sched.add(_seq(2, 100))
+    assert _prefilled(sched.schedule()) == [100]    # a short prompt goes whole, as under the fixed price
     sched = _bounding(20.0, 1.0)
     sched.add(_seq(2, 3000))
     assert _prefilled(sched.schedule()) == [tokens_within(0, 511, 64.0)]
@@ -258,3 +293,9 @@ def test_auto_bounds_the_fixed_price_by_time_elsewhere_on_a_cpu():
 
 def test_auto_keeps_the_fixed_price_alone_off_a_cpu():
     assert auto_itl_pacing("cuda:0", "bfloat16", "none", None) == ItlPacing(0.0)
+
+
+def test_under_a_bounding_pacer_a_short_prompt_goes_whole_only_within_the_pacers_price():
+    sched = _bounding(20.0, 1.0)                    # the fixed price stands; the pacer allows 130 units
+    sched.add(_seq(2, 300))                         # whole, it would cost 344: a step far past the aim
+    assert _prefilled(sched.schedule()) == [tokens_within(0, 300, 130.0)]
