@@ -99,3 +99,27 @@ def test_fusing_frees_each_layers_unfused_blocks_before_the_next(q4_k_m: Path, m
     assert model.model.layers[0].mlp.fused_gate_up is not None
     # the loader keeps no reference of its own: the weights a fuse replaced are gone by the next one
     assert alive_at_each_fuse == [0] * len(alive_at_each_fuse)
+
+
+def test_fused_projections_are_packed_in_place_with_no_copy(q4_k_m: Path, monkeypatch) -> None:
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    planned: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    real = gguf_loader.fused_slots
+
+    def spy(tensors):
+        planned.update(real(tensors))
+        return planned
+
+    monkeypatch.setattr(gguf_loader, "fused_slots", spy)
+    model, _ = load_model(q4_k_m, quantization="gguf")
+    assert "blk.0.ffn_gate.weight" in planned and "blk.0.ffn_up.weight" in planned
+    for i, layer in enumerate(model.model.layers):
+        fused = layer.mlp.fused_gate_up
+        assert fused is not None
+        # the fused weight is the buffer the loader packed gate and up into
+        gate_qs, gate_scales = planned[f"blk.{i}.ffn_gate.weight"]
+        assert fused.weight.qs.data_ptr() == gate_qs.data_ptr()
+        assert fused.weight.scales.data_ptr() == gate_scales.data_ptr()
+        assert layer.mlp.up_proj.packed.qs.data_ptr() == planned[f"blk.{i}.ffn_up.weight"][0].data_ptr()
+
