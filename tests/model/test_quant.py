@@ -434,6 +434,15 @@ def test_importing_the_model_package_compiles_nothing() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
+@needs_kernels
+def test_a_built_library_is_imported_without_torchs_builder() -> None:
+    # a fresh process: the library this one built is loaded straight from its build directory
+    code = ("import sys; from kiln.model import kernels; m = kernels.load(); "
+            "print(m is not None and m.__name__ == kernels.extension_name(), 'torch.utils.cpp_extension' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False"]
+
+
 def test_packed_bytes_are_five_eighths_per_q4_weight() -> None:
     packed = pack_q4_1(weight(48, 576))
     assert packed.nbytes == 48 * 576 * 20 // 32
