@@ -92,10 +92,13 @@ class Server:
         return import_lora_modules(self.services.adapter_store, specs)
 
     def load_engine(self) -> None:
-        """Load the model (minutes for a large one) and publish it; then a thread imports what the first
-        training step would import lazily, once the engine has warmed up (~1.5 s of CPU and the GIL that
-        would otherwise slow the load and the warm-up on a small machine)."""
-        engine = build_engine(self.state.settings)
+        """Load the model (minutes for a large one) and `start_engine` it."""
+        self.start_engine(build_engine(self.state.settings))
+
+    def start_engine(self, engine: Engine) -> None:
+        """Publish a loaded engine; then a thread imports what the first training step would import
+        lazily, once the engine has warmed up (~1.5 s of CPU and the GIL that would otherwise slow the
+        load and the warm-up on a small machine)."""
         self.publish(engine)
         threading.Thread(target=_warm_up_imports_after, args=(engine,), name="kiln-train-warm", daemon=True).start()
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,3 +87,45 @@ def test_a_folder_that_is_not_an_adapter_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(KilnError, match="adapter_config.json"):
         import_lora_modules(AdapterStore(tmp_path / "adapters"), [f"x={tmp_path / 'empty'}"])
+
+
+class _Built:
+    """What the load hands the engine to: the server's state and `start_engine`."""
+
+    def __init__(self) -> None:
+        self.state = SimpleNamespace(load_error=None, engine=None, require_engine=lambda: self.state.engine)
+        self.started: list = []
+
+    def start_engine(self, engine) -> None:
+        self.started.append(engine)
+        self.state.engine = engine
+
+
+def test_the_model_loads_while_the_server_is_built_and_is_published_once_it_exists():
+    built_at = threading.Event()
+    engine = SimpleNamespace(join=lambda: None)
+
+    def build():
+        built_at.set()
+        return engine
+
+    load = serve._BackgroundLoad(build)
+    assert built_at.wait(5)   # the load runs before the server exists
+    built, server = _Built(), SimpleNamespace(should_exit=False)
+    assert built.started == []
+    load.hand_over(built, server)
+    load.thread.join(5)
+    assert built.started == [engine] and not server.should_exit and built.state.load_error is None
+
+
+def test_a_failed_load_stops_the_server_and_says_why(capsys):
+    def build():
+        raise FileNotFoundError("no such model")
+
+    load = serve._BackgroundLoad(build)
+    built, server = _Built(), SimpleNamespace(should_exit=False)
+    load.hand_over(built, server)
+    load.thread.join(5)
+    assert server.should_exit and built.started == []
+    assert built.state.load_error == "FileNotFoundError: no such model"
+    assert "cannot load the model: FileNotFoundError: no such model" in capsys.readouterr().err

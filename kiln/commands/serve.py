@@ -7,9 +7,15 @@ import gc
 import logging
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kiln.config import ConfigError, load_settings
 from kiln.errors import KilnError
+
+if TYPE_CHECKING:
+    from kiln.engine.serving import Engine
+    from kiln.server import Server
 
 
 def register(sub) -> None:
@@ -155,6 +161,53 @@ def _server_class(uvicorn):
     return KilnServer
 
 
+class _BackgroundLoad:
+    """The model, loaded on a thread of its own from the moment the settings are known: the web server's
+    modules are imported and its services built meanwhile (~0.7 s of CPU on a 2-core machine, which the
+    load's GIL-free C++ packing leaves room for). The engine is published once the server exists
+    (`hand_over`); until then /health cannot answer at all, after it 503 while the load goes on."""
+
+    def __init__(self, build: Callable[[], Engine]) -> None:
+        self._build = build
+        self._server: tuple[Server, Any] | None = None
+        self._handed = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kiln-load", daemon=True)
+        self.thread.start()
+
+    def hand_over(self, built: Server, server: Any) -> None:
+        """The built server and uvicorn's: publish the engine to them when it is ready, or stop the server
+        when the load failed."""
+        self._server = (built, server)
+        self._handed.set()
+
+    def _run(self) -> None:
+        engine, error = None, None
+        try:
+            engine = self._build()
+        except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
+            logging.getLogger("kiln").exception("model failed to load")
+            error = f"{type(e).__name__}: {e}"
+        self._handed.wait()
+        assert self._server is not None
+        built, server = self._server
+        state = built.state
+        if engine is None:
+            state.load_error = error
+            print(f"kiln serve: cannot load the model: {error}", file=sys.stderr)
+            server.should_exit = True
+            return
+        built.start_engine(engine)
+        # What startup made (modules, the app, the model's Python objects) lives as long as the process:
+        # frozen out of the collector's sight, its full collections stop walking it in the middle of
+        # steps (vLLM does the same). 64 streams, gguf forced to AVX2: about +2% aggregate tok/s.
+        gc.collect()
+        gc.freeze()
+        # Measured, not understood: with 2 torch threads on CPU, decode ran ~10x slower (1 vs 13 tok/s on
+        # SmolLM2) when the thread that loaded the weights either exited or became the actor itself.
+        # Keeping it parked, with the actor on its own thread, is the fast arrangement.
+        state.require_engine().join()
+
+
 def _run(args) -> int:
     try:
         settings = load_settings(args.config, _overrides(args))
@@ -168,8 +221,12 @@ def _run(args) -> int:
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     # Imported here, not at the top: every `kiln` command builds its parser from this module, and only
-    # serving needs torch, the model and the web server. What uvicorn would import lazily once the
-    # model is loaded is imported now too, before minutes of work.
+    # serving needs torch, the model and the web server. The engine's modules (torch) are imported
+    # before the load's thread starts, the web server's while it runs.
+    from kiln.engine.build import build_engine
+
+    load = _BackgroundLoad(lambda: build_engine(settings))
+    # What uvicorn would import lazily once the model is loaded is imported now too.
     import uvicorn
     import uvicorn.loops.asyncio  # noqa: F401
     import uvicorn.protocols.http.h11_impl  # noqa: F401
@@ -191,28 +248,7 @@ def _run(args) -> int:
         return 2
     state = built.state
     server = _server_class(uvicorn)(uvicorn_config(settings, built.app), state)
-
-    def load() -> None:
-        try:
-            built.load_engine()
-        except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
-            logging.getLogger("kiln").exception("model failed to load")
-            state.load_error = f"{type(e).__name__}: {e}"
-            print(f"kiln serve: cannot load the model: {state.load_error}", file=sys.stderr)
-            server.should_exit = True
-            return
-        # What startup made (modules, the app, the model's Python objects) lives as long as the process:
-        # frozen out of the collector's sight, its full collections stop walking it in the middle of
-        # steps (vLLM does the same). 64 streams, gguf forced to AVX2: about +2% aggregate tok/s.
-        gc.collect()
-        gc.freeze()
-        # Measured, not understood: with 2 torch threads on CPU, decode ran ~10x slower (1 vs 13 tok/s on
-        # SmolLM2) when the thread that loaded the weights either exited or became the actor itself.
-        # Keeping it parked, with the actor on its own thread, is the fast arrangement.
-        state.require_engine().join()
-
-    # Load in the background so /health can answer 503 while the weights load.
-    threading.Thread(target=load, name="kiln-load", daemon=True).start()
+    load.hand_over(built, server)
     server.run()
     built.close()
     logging.getLogger("kiln").info("kiln serve stopped")
