@@ -90,13 +90,13 @@ def test_a_folder_that_is_not_an_adapter_is_a_clear_error(tmp_path):
 
 
 class _Built:
-    """What the load hands the engine to: the server's state and `start_engine`."""
+    """What the load hands the engine to: the server's state and `publish`."""
 
     def __init__(self) -> None:
         self.state = SimpleNamespace(load_error=None, engine=None, require_engine=lambda: self.state.engine)
         self.started: list = []
 
-    def start_engine(self, engine) -> None:
+    def publish(self, engine) -> None:
         self.started.append(engine)
         self.state.engine = engine
 

@@ -196,7 +196,7 @@ class _BackgroundLoad:
             print(f"kiln serve: cannot load the model: {error}", file=sys.stderr)
             server.should_exit = True
             return
-        built.start_engine(engine)
+        built.publish(engine)
         # What startup made (modules, the app, the model's Python objects) lives as long as the process:
         # frozen out of the collector's sight, its full collections stop walking it in the middle of
         # steps (vLLM does the same). 64 streams, gguf forced to AVX2: about +2% aggregate tok/s.
