@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kiln.config import ConfigError, load_settings
+from kiln.config import ConfigError, Settings, load_settings
 from kiln.errors import KilnError
 
 if TYPE_CHECKING:
@@ -165,12 +165,17 @@ class _BackgroundLoad:
     """The model, loaded on a thread of its own from the moment the settings are known: the web server's
     modules are imported and its services built meanwhile (~0.7 s of CPU on a 2-core machine, which the
     load's GIL-free C++ packing leaves room for). The engine is published once the server exists
-    (`hand_over`); until then /health cannot answer at all, after it 503 while the load goes on."""
+    (`hand_over`); until then /health cannot answer at all, after it 503 while the load goes on.
 
-    def __init__(self, build: Callable[[], Engine]) -> None:
-        self._build = build
+    `stop` must run before the process exits: a thread left inside the kernels' C++ (the GIL released)
+    while the interpreter shuts down aborts the process when it takes the GIL back."""
+
+    def __init__(self, build: Callable[[threading.Event], Engine]) -> None:
+        self._build = build   # build(cancel): the engine, or LoadCancelled once cancel is set
         self._server: tuple[Server, Any] | None = None
         self._handed = threading.Event()
+        self._cancel = threading.Event()
+        self._settled = threading.Event()   # published (the thread parks), or the thread is done
         self.thread = threading.Thread(target=self._run, name="kiln-load", daemon=True)
         self.thread.start()
 
@@ -180,14 +185,36 @@ class _BackgroundLoad:
         self._server = (built, server)
         self._handed.set()
 
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Before the server is closed and the process exits: a load still running stops at its next
+        tensor, an engine loaded but not published shuts down. Returns once the engine is published (the
+        server's close shuts it down) or the thread is done. Idempotent."""
+        self._cancel.set()
+        self._handed.set()
+        self._settled.wait(timeout_s)
+
     def _run(self) -> None:
+        try:
+            self._load_and_publish()
+        finally:
+            self._settled.set()
+
+    def _load_and_publish(self) -> None:
+        from kiln.model.gguf_loader import LoadCancelled  # torch's modules: imported with the engine's
+
         engine, error = None, None
         try:
-            engine = self._build()
+            engine = self._build(self._cancel)
+        except LoadCancelled:
+            return
         except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
             logging.getLogger("kiln").exception("model failed to load")
             error = f"{type(e).__name__}: {e}"
         self._handed.wait()
+        if self._cancel.is_set():   # the server stopped (or never started) while the model loaded
+            if engine is not None:
+                engine.shutdown()
+            return
         assert self._server is not None
         built, server = self._server
         state = built.state
@@ -197,6 +224,7 @@ class _BackgroundLoad:
             server.should_exit = True
             return
         built.publish(engine)
+        self._settled.set()
         # What startup made (modules, the app, the model's Python objects) lives as long as the process:
         # frozen out of the collector's sight, its full collections stop walking it in the middle of
         # steps (vLLM does the same). 64 streams, gguf forced to AVX2: about +2% aggregate tok/s.
@@ -225,7 +253,14 @@ def _run(args) -> int:
     # before the load's thread starts, the web server's while it runs.
     from kiln.engine.build import build_engine
 
-    load = _BackgroundLoad(lambda: build_engine(settings))
+    load = _BackgroundLoad(lambda cancel: build_engine(settings, cancel=cancel))
+    try:
+        return _serve(settings, load)
+    finally:
+        load.stop()   # on every way out (a configuration error found while the model loads included)
+
+
+def _serve(settings: Settings, load: _BackgroundLoad) -> int:
     # What uvicorn would import lazily once the model is loaded is imported now too.
     import uvicorn
     import uvicorn.loops.asyncio  # noqa: F401
@@ -250,6 +285,7 @@ def _run(args) -> int:
     server = _server_class(uvicorn)(uvicorn_config(settings, built.app), state)
     load.hand_over(built, server)
     server.run()
+    load.stop()   # a load still running stops (SIGINT while it ran), before the engine is shut down
     built.close()
     logging.getLogger("kiln").info("kiln serve stopped")
     return 1 if state.load_error else 0

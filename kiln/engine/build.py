@@ -93,8 +93,9 @@ def decode_window(settings: Settings) -> DecodeWindow:
     return DecodeWindow(settings.stats.decode_window_secs)
 
 
-def build_engine(settings: Settings, *, start: bool = True) -> Engine:
-    """Load everything; `start=False` leaves the actor for the caller to start."""
+def build_engine(settings: Settings, *, start: bool = True, cancel: threading.Event | None = None) -> Engine:
+    """Load everything; `start=False` leaves the actor for the caller to start. `cancel`, once set, stops
+    the weights' load between tensors (kiln.model.gguf_loader.LoadCancelled)."""
     t0 = time.perf_counter()
     path = model_path(settings)
     device = resolve_device(settings.model.device)
@@ -107,7 +108,7 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
         # Built (or loaded from the cache) now, not mid-serving: every request runs the same code path.
         kernels.load()
     model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,
-                                quantization=settings.model.quantization)
+                                quantization=settings.model.quantization, cancel=cancel)
     if weights.format == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.gguf_metadata or {})
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -71,9 +72,21 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
+class LoadCancelled(Exception):
+    """The load was asked to stop (`cancel` set) before it finished."""
+
+
+def check_cancel(cancel: threading.Event | None) -> None:
+    """Raise LoadCancelled when `cancel` is set: loaders call it between tensors, so a load stops within
+    one tensor's work (a process must not exit while a loading thread runs C++ with the GIL released:
+    taking the GIL back during interpreter shutdown aborts the process)."""
+    if cancel is not None and cancel.is_set():
+        raise LoadCancelled()
+
+
 def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = None,
               types: dict[str, str] | None = None, kquants: bool = True, blocks_only: bool = False,
-              ) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
+              cancel: threading.Event | None = None) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
     """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`.
 
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
@@ -82,7 +95,7 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
     HF names (K-quants only with `kquants`). With `blocks_only`, a tensor so packed is not dequantized
     at all: its entry in the returned tensors is a `blocks_placeholder` of its shape, holding no memory
     (the blocks, read from the file's mapping, are the only copy). With `types` (a dict to fill): each
-    HF-named tensor's GGUF type ("Q4_K", "F32", ...)."""
+    HF-named tensor's GGUF type ("Q4_K", "F32", ...). `cancel`: checked between tensors (`check_cancel`)."""
     gguf = read_gguf(path)
     metadata = gguf.metadata
     config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
@@ -95,6 +108,7 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
     tensors: dict[str, Tensor] = {}
     slots = fused_slots(gguf.tensors) if packed is not None and kquants else {}
     for t in gguf.tensors:
+        check_cancel(cancel)
         try:
             config = _load_tensor(t, config, tensors, dtype, packed, types, kquants, blocks_only, slots.get(t.name))
         finally:
