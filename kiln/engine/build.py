@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -107,9 +108,22 @@ def build_engine(settings: Settings, *, start: bool = True, cancel: threading.Ev
     if device.type == "cpu" and kernels.enabled():
         # Built (or loaded from the cache) now, not mid-serving: every request runs the same code path.
         kernels.load()
-    model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,
-                                quantization=settings.model.quantization, cancel=cancel)
-    if weights.format == "gguf":
+    # a GGUF's tokenizer is built from its key/values on a thread of its own while the tensors load: its
+    # Python (~0.1 s at a 50k vocabulary) runs while the packing holds no GIL
+    tokenizing: list[Future[Tokenizer]] = []
+
+    def tokenize(metadata: dict[str, Any]) -> None:
+        tokenizing.append(_in_background("kiln-tokenizer", None, Tokenizer.from_gguf_metadata, metadata))
+
+    try:
+        model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,
+                                    quantization=settings.model.quantization, cancel=cancel, on_metadata=tokenize)
+    finally:
+        # (a thread must not be left running when a failed load ends the process)
+        futures.wait(tokenizing)
+    if tokenizing:
+        tokenizer = tokenizing[0].result()
+    elif weights.format == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.gguf_metadata or {})
     else:
         tokenizer = Tokenizer.from_hf_dir(path)
@@ -140,9 +154,7 @@ def build_engine(settings: Settings, *, start: bool = True, cancel: threading.Ev
     # whole, once); the rest of the identity (the tokenizer's canonical JSON, ~0.3 s of Python at a 50k
     # vocabulary) once the engine has warmed up: before, it would hold the GIL the rest of the start needs
     base_sha256 = base_model_sha256(path, settings.data.data_dir)
-    after = actor.warm_up_done if start else threading.Event()
-    if not start:   # no warm-up to wait for
-        after.set()
+    after = actor.warm_up_done if start else None   # (no warm-up to wait for)
     identity = _in_background("kiln-identity", after, serving_identity, path, settings.data.data_dir,
                               tokenizer, tokenizer.chat_template, cfg, base_sha256)
     if start:
@@ -167,14 +179,15 @@ def build_engine(settings: Settings, *, start: bool = True, cancel: threading.Ev
     return engine
 
 
-def _in_background(name: str, after: threading.Event, fn: Callable[..., T], *args: Any,
+def _in_background(name: str, after: threading.Event | None, fn: Callable[..., T], *args: Any,
                    wait_s: float = 30.0) -> Future[T]:
-    """`fn(*args)` on a daemon thread of its own once `after` is set (or `wait_s` has passed); its
-    result (or exception) through the future. A reader of the future waits for both."""
+    """`fn(*args)` on a daemon thread of its own, once `after` is set (or `wait_s` has passed) when given;
+    its result (or exception) through the future. A reader of the future waits for both."""
     future: Future[T] = Future()
 
     def run() -> None:
-        after.wait(wait_s)
+        if after is not None:
+            after.wait(wait_s)
         try:
             future.set_result(fn(*args))
         except BaseException as e:  # noqa: BLE001 - handed to whoever reads the result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -86,7 +87,8 @@ def check_cancel(cancel: threading.Event | None) -> None:
 
 def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = None,
               types: dict[str, str] | None = None, kquants: bool = True, blocks_only: bool = False,
-              cancel: threading.Event | None = None) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
+              cancel: threading.Event | None = None, on_metadata: Callable[[dict[str, Any]], None] | None = None,
+              ) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
     """(config, HF-named tensors in `dtype`, metadata) for the GGUF file at `path`.
 
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
@@ -95,9 +97,13 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
     HF names (K-quants only with `kquants`). With `blocks_only`, a tensor so packed is not dequantized
     at all: its entry in the returned tensors is a `blocks_placeholder` of its shape, holding no memory
     (the blocks, read from the file's mapping, are the only copy). With `types` (a dict to fill): each
-    HF-named tensor's GGUF type ("Q4_K", "F32", ...). `cancel`: checked between tensors (`check_cancel`)."""
+    HF-named tensor's GGUF type ("Q4_K", "F32", ...). `cancel`: checked between tensors (`check_cancel`).
+    `on_metadata(metadata)`: called once the key/values are read, before the tensors (the engine builds
+    the tokenizer from them meanwhile)."""
     gguf = read_gguf(path)
     metadata = gguf.metadata
+    if on_metadata is not None:
+        on_metadata(metadata)
     config = ModelConfig.from_gguf_metadata(metadata, tensor_names=[t.name for t in gguf.tensors])
     unsupported = sorted({t.qtype.name for t in gguf.tensors if t.qtype not in SUPPORTED_QUANTS})
     if unsupported:

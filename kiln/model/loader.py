@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,21 +79,23 @@ def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") 
 
 
 def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False,
-                 keep_kquants: bool = True, blocks_only: bool = False,
-                 cancel: threading.Event | None = None) -> LoadedWeights:
+                 keep_kquants: bool = True, blocks_only: bool = False, cancel: threading.Event | None = None,
+                 on_metadata: Callable[[dict[str, Any]], None] | None = None) -> LoadedWeights:
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
     `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
     Q4_K/Q5_K/Q6_K ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
     dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`). `cancel`: stops the
-    load between tensors (LoadCancelled) once set."""
+    load between tensors (LoadCancelled) once set. `on_metadata`: a GGUF's key/values as soon as they are
+    read (`load_gguf`)."""
     p = Path(path)
     torch_dtype = resolve_dtype(dtype)
     if p.is_file() and p.suffix == ".gguf":
         packed: dict[str, Any] | None = {} if keep_quantized else None
         types: dict[str, str] = {}
         config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types, kquants=keep_kquants,
-                                              blocks_only=blocks_only and keep_quantized, cancel=cancel)
+                                              blocks_only=blocks_only and keep_quantized, cancel=cancel,
+                                              on_metadata=on_metadata)
         return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {}, tensor_types=types)
     if p.is_dir():
         return _load_hf_dir(p, torch_dtype, cancel)
@@ -152,6 +155,7 @@ def _bf16_decode_wins() -> bool:
 def load_model(
     path: str | Path, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
     quantization: str = "none", cancel: threading.Event | None = None,
+    on_metadata: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[Transformer, LoadedWeights]:
     """Load weights into our Transformer.
 
@@ -189,7 +193,8 @@ def load_model(
                            # a weight served from its blocks has no dense copy: training and scoring
                            # dequantize it where they use it (precision.block_linear)
                            blocks_only=serves_blocks
-                           and dense_copy_bytes(path, torch_dtype) > DENSE_COPY_MAX_BYTES, cancel=cancel)
+                           and dense_copy_bytes(path, torch_dtype) > DENSE_COPY_MAX_BYTES, cancel=cancel,
+                           on_metadata=on_metadata)
     codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
