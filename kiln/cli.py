@@ -108,7 +108,11 @@ def _explain(parser: argparse.ArgumentParser, path: str = "kiln") -> None:
             _explain(sub, f"{path} {name}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with `command` (a `COMMAND_MODULES` module's last name), that command's only:
+    the others' modules (their clients: httpx, rich) are not imported, ~0.13 s of CPU off every start of
+    `kiln serve`."""
+    modules = [m for m in COMMAND_MODULES if command is None or m.rsplit(".", 1)[1] == command] or COMMAND_MODULES
     parser = argparse.ArgumentParser(
         prog="kiln",
         description="Serve a language model over the OpenAI API and make it better while it serves.",
@@ -116,14 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(sub)
     _explain(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # `kiln COMMAND ...` parses with COMMAND's parser alone (the same arguments, the same --help); the
+    # top-level help, --version and unknown commands with every command's
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

@@ -20,8 +20,6 @@ Imports: api (the app, the state, metrics, lifecycle), and the services' package
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +63,6 @@ from kiln.train.eval_link import EvalLink
 from kiln.train.executor import JobContext
 from kiln.train.job_store import TrainJobStore
 from kiln.train.job_store import job_root as train_job_root
-from kiln.train.loop import warm_up_imports
 from kiln.train.manager import TrainingManager
 from kiln.train.submission import resume_interrupted
 from kiln.train.teachers import TeacherStore
@@ -92,12 +89,8 @@ class Server:
         return import_lora_modules(self.services.adapter_store, specs)
 
     def load_engine(self) -> None:
-        """Load the model (minutes for a large one) and publish it; then a thread imports what the first
-        training step would import lazily, once the engine has warmed up (~1.5 s of CPU and the GIL that
-        would otherwise slow the load and the warm-up on a small machine)."""
-        engine = build_engine(self.state.settings)
-        self.publish(engine)
-        threading.Thread(target=_warm_up_imports_after, args=(engine,), name="kiln-train-warm", daemon=True).start()
+        """Load the model (minutes for a large one) and publish it."""
+        self.publish(build_engine(self.state.settings))
 
     def publish(self, engine: Engine) -> None:
         """Serve requests with `engine`: the stored adapters and the default adapter the last process
@@ -250,9 +243,3 @@ def _generator_factory(state: ServerState) -> Callable[[], Generator]:
 
     return generator
 
-
-def _warm_up_imports_after(engine: Engine, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not engine.prewarmed and time.monotonic() < deadline:
-        time.sleep(0.05)
-    warm_up_imports()

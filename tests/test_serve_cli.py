@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,3 +88,102 @@ def test_a_folder_that_is_not_an_adapter_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(KilnError, match="adapter_config.json"):
         import_lora_modules(AdapterStore(tmp_path / "adapters"), [f"x={tmp_path / 'empty'}"])
+
+
+class _Built:
+    """What the load hands the engine to: the server's state and `publish`."""
+
+    def __init__(self) -> None:
+        self.state = SimpleNamespace(load_error=None, engine=None, require_engine=lambda: self.state.engine)
+        self.started: list = []
+
+    def publish(self, engine) -> None:
+        self.started.append(engine)
+        self.state.engine = engine
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def join(self) -> None:   # the actor runs until shut down
+        self.stopped.wait()
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+
+
+def test_the_model_loads_while_the_server_is_built_and_is_published_once_it_exists():
+    built_at = threading.Event()
+    engine = _Engine()
+
+    def build(cancel):
+        built_at.set()
+        return engine
+
+    load = serve._BackgroundLoad(build)
+    assert built_at.wait(5)   # the load runs before the server exists
+    built, server = _Built(), SimpleNamespace(should_exit=False)
+    assert built.started == []
+    load.hand_over(built, server)
+    deadline = time.monotonic() + 5
+    while not built.started and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert built.started == [engine] and not server.should_exit and built.state.load_error is None
+    load.stop()   # returns at once: the thread parks beside the actor until the engine shuts down
+    assert load.thread.is_alive() and not engine.stopped.is_set()
+    engine.shutdown()
+    load.thread.join(5)
+    assert not load.thread.is_alive()
+
+
+def test_a_failed_load_stops_the_server_and_says_why(capsys):
+    def build(cancel):
+        raise FileNotFoundError("no such model")
+
+    load = serve._BackgroundLoad(build)
+    built, server = _Built(), SimpleNamespace(should_exit=False)
+    load.hand_over(built, server)
+    load.thread.join(5)
+    assert server.should_exit and built.started == []
+    assert built.state.load_error == "FileNotFoundError: no such model"
+    assert "cannot load the model: FileNotFoundError: no such model" in capsys.readouterr().err
+
+
+def test_stopping_while_the_model_loads_ends_the_load_quietly(capsys):
+    from kiln.model.gguf_loader import check_cancel
+
+    tensors_done: list[int] = []
+
+    def build(cancel):
+        for i in range(10_000):   # a tensor at a time, as the loaders check
+            check_cancel(cancel)
+            tensors_done.append(i)
+            time.sleep(0.001)
+        raise AssertionError("never cancelled")
+
+    load = serve._BackgroundLoad(build)
+    while not tensors_done:
+        time.sleep(0.001)
+    load.stop()   # before any server existed: a configuration error's way out
+    assert not load.thread.is_alive() and len(tensors_done) < 10_000
+    assert "cannot load" not in capsys.readouterr().err
+
+
+def test_an_engine_loaded_after_the_server_stopped_is_shut_down_not_published():
+    engine = _Engine()
+    release = threading.Event()
+
+    def build(cancel):
+        release.wait(5)
+        return engine
+
+    load = serve._BackgroundLoad(build)
+    built, server = _Built(), SimpleNamespace(should_exit=False)
+    load.hand_over(built, server)
+    stopper = threading.Thread(target=load.stop)
+    stopper.start()
+    release.set()
+    stopper.join(5)
+    load.thread.join(5)
+    assert built.started == [] and engine.stopped.is_set() and not load.thread.is_alive()

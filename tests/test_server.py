@@ -71,20 +71,3 @@ def test_publishing_an_engine_registers_the_one_traffic_observer_once(tmp_path):
     state.engine = engine
     assert engine.observers == [state.services.traffic]
 
-
-def test_the_training_imports_wait_for_the_engines_warm_up(monkeypatch):
-    import threading
-    import time
-
-    import kiln.server as server
-
-    imported = threading.Event()
-    monkeypatch.setattr(server, "warm_up_imports", imported.set)
-    engine = type("WarmingEngine", (), {"prewarmed": False})()
-    t = threading.Thread(target=server._warm_up_imports_after, args=(engine,))
-    t.start()
-    time.sleep(0.3)
-    assert not imported.is_set()   # still warming up: the imports would compete with it
-    engine.prewarmed = True
-    t.join(timeout=5)
-    assert imported.is_set()

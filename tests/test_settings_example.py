@@ -188,7 +188,7 @@ def _quantization(s: Settings, tiny: Path) -> str:
     class Loaded(Exception):
         pass
 
-    def load_model(path, dtype, device, quantization):
+    def load_model(path, dtype, device, quantization, **_):
         seen["quantization"] = quantization
         raise Loaded
 

@@ -7,9 +7,15 @@ import gc
 import logging
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from kiln.config import ConfigError, load_settings
+from kiln.config import ConfigError, Settings, load_settings
 from kiln.errors import KilnError
+
+if TYPE_CHECKING:
+    from kiln.engine.serving import Engine
+    from kiln.server import Server
 
 
 def register(sub) -> None:
@@ -155,6 +161,81 @@ def _server_class(uvicorn):
     return KilnServer
 
 
+class _BackgroundLoad:
+    """The model, loaded on a thread of its own from the moment the settings are known: the web server's
+    modules are imported and its services built meanwhile (~0.7 s of CPU on a 2-core machine, which the
+    load's GIL-free C++ packing leaves room for). The engine is published once the server exists
+    (`hand_over`); until then /health cannot answer at all, after it 503 while the load goes on.
+
+    `stop` must run before the process exits: a thread left inside the kernels' C++ (the GIL released)
+    while the interpreter shuts down aborts the process when it takes the GIL back."""
+
+    def __init__(self, build: Callable[[threading.Event], Engine]) -> None:
+        self._build = build   # build(cancel): the engine, or LoadCancelled once cancel is set
+        self._server: tuple[Server, Any] | None = None
+        self._handed = threading.Event()
+        self._cancel = threading.Event()
+        self._settled = threading.Event()   # published (the thread parks), or the thread is done
+        self.thread = threading.Thread(target=self._run, name="kiln-load", daemon=True)
+        self.thread.start()
+
+    def hand_over(self, built: Server, server: Any) -> None:
+        """The built server and uvicorn's: publish the engine to them when it is ready, or stop the server
+        when the load failed."""
+        self._server = (built, server)
+        self._handed.set()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Before the server is closed and the process exits: a load still running stops at its next
+        tensor, an engine loaded but not published shuts down. Returns once the engine is published (the
+        server's close shuts it down) or the thread is done. Idempotent."""
+        self._cancel.set()
+        self._handed.set()
+        self._settled.wait(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            self._load_and_publish()
+        finally:
+            self._settled.set()
+
+    def _load_and_publish(self) -> None:
+        from kiln.model.gguf_loader import LoadCancelled  # torch's modules: imported with the engine's
+
+        engine, error = None, None
+        try:
+            engine = self._build(self._cancel)
+        except LoadCancelled:
+            return
+        except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
+            logging.getLogger("kiln").exception("model failed to load")
+            error = f"{type(e).__name__}: {e}"
+        self._handed.wait()
+        if self._cancel.is_set():   # the server stopped (or never started) while the model loaded
+            if engine is not None:
+                engine.shutdown()
+            return
+        assert self._server is not None
+        built, server = self._server
+        state = built.state
+        if engine is None:
+            state.load_error = error
+            print(f"kiln serve: cannot load the model: {error}", file=sys.stderr)
+            server.should_exit = True
+            return
+        built.publish(engine)
+        self._settled.set()
+        # What startup made (modules, the app, the model's Python objects) lives as long as the process:
+        # frozen out of the collector's sight, its full collections stop walking it in the middle of
+        # steps (vLLM does the same). 64 streams, gguf forced to AVX2: about +2% aggregate tok/s.
+        gc.collect()
+        gc.freeze()
+        # Measured, not understood: with 2 torch threads on CPU, decode ran ~10x slower (1 vs 13 tok/s on
+        # SmolLM2) when the thread that loaded the weights either exited or became the actor itself.
+        # Keeping it parked, with the actor on its own thread, is the fast arrangement.
+        state.require_engine().join()
+
+
 def _run(args) -> int:
     try:
         settings = load_settings(args.config, _overrides(args))
@@ -168,8 +249,19 @@ def _run(args) -> int:
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     # Imported here, not at the top: every `kiln` command builds its parser from this module, and only
-    # serving needs torch, the model and the web server. What uvicorn would import lazily once the
-    # model is loaded is imported now too, before minutes of work.
+    # serving needs torch, the model and the web server. The engine's modules (torch) are imported
+    # before the load's thread starts, the web server's while it runs.
+    from kiln.engine.build import build_engine
+
+    load = _BackgroundLoad(lambda cancel: build_engine(settings, cancel=cancel))
+    try:
+        return _serve(settings, load)
+    finally:
+        load.stop()   # on every way out (a configuration error found while the model loads included)
+
+
+def _serve(settings: Settings, load: _BackgroundLoad) -> int:
+    # What uvicorn would import lazily once the model is loaded is imported now too.
     import uvicorn
     import uvicorn.loops.asyncio  # noqa: F401
     import uvicorn.protocols.http.h11_impl  # noqa: F401
@@ -191,29 +283,9 @@ def _run(args) -> int:
         return 2
     state = built.state
     server = _server_class(uvicorn)(uvicorn_config(settings, built.app), state)
-
-    def load() -> None:
-        try:
-            built.load_engine()
-        except Exception as e:  # noqa: BLE001 - a server without its model is useless: say why and stop
-            logging.getLogger("kiln").exception("model failed to load")
-            state.load_error = f"{type(e).__name__}: {e}"
-            print(f"kiln serve: cannot load the model: {state.load_error}", file=sys.stderr)
-            server.should_exit = True
-            return
-        # What startup made (modules, the app, the model's Python objects) lives as long as the process:
-        # frozen out of the collector's sight, its full collections stop walking it in the middle of
-        # steps (vLLM does the same). 64 streams, gguf forced to AVX2: about +2% aggregate tok/s.
-        gc.collect()
-        gc.freeze()
-        # Measured, not understood: with 2 torch threads on CPU, decode ran ~10x slower (1 vs 13 tok/s on
-        # SmolLM2) when the thread that loaded the weights either exited or became the actor itself.
-        # Keeping it parked, with the actor on its own thread, is the fast arrangement.
-        state.require_engine().join()
-
-    # Load in the background so /health can answer 503 while the weights load.
-    threading.Thread(target=load, name="kiln-load", daemon=True).start()
+    load.hand_over(built, server)
     server.run()
+    load.stop()   # a load still running stops (SIGINT while it ran), before the engine is shut down
     built.close()
     logging.getLogger("kiln").info("kiln serve stopped")
     return 1 if state.load_error else 0

@@ -157,6 +157,7 @@ class EngineActor:
         # per-sequence inter-token gaps over a rolling window (GET /v1/stats/decode)
         self.decode_stats = decode_stats or DecodeWindow()
         self.prewarmed = False
+        self.warm_up_done = threading.Event()   # set once the warm-up has run (or failed)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -207,6 +208,8 @@ class EngineActor:
             self.prewarmed = True
         except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request some time
             log.exception("engine warm-up failed")
+        finally:
+            self.warm_up_done.set()
         was_working = False
         while not self._stop.is_set():
             try:

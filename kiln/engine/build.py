@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -16,7 +20,7 @@ from kiln.core.admission import AdmissionGate, gate_for
 from kiln.core.decode_stats import DecodeWindow
 from kiln.engine.actor import EngineActor
 from kiln.engine.chat_template import ChatTemplate
-from kiln.engine.provenance import serving_identity
+from kiln.engine.provenance import base_model_sha256, serving_identity
 from kiln.engine.runner import ModelRunner
 from kiln.engine.serving import Engine, ModelInfo, effective_inference_config, resolved_itl_pacing
 from kiln.engine.tokenizer import Tokenizer
@@ -26,6 +30,7 @@ from kiln.model.kv_cache import KVCache
 from kiln.model.loader import auto_quantization_reason, default_model_path, load_model
 
 log = logging.getLogger("kiln.engine")
+T = TypeVar("T")
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -89,8 +94,9 @@ def decode_window(settings: Settings) -> DecodeWindow:
     return DecodeWindow(settings.stats.decode_window_secs)
 
 
-def build_engine(settings: Settings, *, start: bool = True) -> Engine:
-    """Load everything; `start=False` leaves the actor for the caller to run (`run_in_current_thread`)."""
+def build_engine(settings: Settings, *, start: bool = True, cancel: threading.Event | None = None) -> Engine:
+    """Load everything; `start=False` leaves the actor for the caller to start. `cancel`, once set, stops
+    the weights' load between tensors (kiln.model.gguf_loader.LoadCancelled)."""
     t0 = time.perf_counter()
     path = model_path(settings)
     device = resolve_device(settings.model.device)
@@ -102,9 +108,22 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     if device.type == "cpu" and kernels.enabled():
         # Built (or loaded from the cache) now, not mid-serving: every request runs the same code path.
         kernels.load()
-    model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,
-                                quantization=settings.model.quantization)
-    if weights.format == "gguf":
+    # a GGUF's tokenizer is built from its key/values on a thread of its own while the tensors load: its
+    # Python (~0.1 s at a 50k vocabulary) runs while the packing holds no GIL
+    tokenizing: list[Future[Tokenizer]] = []
+
+    def tokenize(metadata: dict[str, Any]) -> None:
+        tokenizing.append(_in_background("kiln-tokenizer", None, Tokenizer.from_gguf_metadata, metadata))
+
+    try:
+        model, weights = load_model(str(path), dtype=settings.model.dtype, device=device,
+                                    quantization=settings.model.quantization, cancel=cancel, on_metadata=tokenize)
+    finally:
+        # (a thread must not be left running when a failed load ends the process)
+        futures.wait(tokenizing)
+    if tokenizing:
+        tokenizer = tokenizing[0].result()
+    elif weights.format == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.gguf_metadata or {})
     else:
         tokenizer = Tokenizer.from_hf_dir(path)
@@ -131,13 +150,19 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
                       prefill_cost_with_decodes=settings.engine.prefill_cost_with_decodes,
                       itl_pacing=resolved_itl_pacing(settings, info),
                       decode_stats=decode_window(settings))
-    identity = serving_identity(path, settings.data.data_dir, tokenizer, tokenizer.chat_template, cfg)
+    # the weights' hash now (from its cache beside them: a stat and a small read; a new file is hashed
+    # whole, once); the rest of the identity (the tokenizer's canonical JSON, ~0.3 s of Python at a 50k
+    # vocabulary) once the engine has warmed up: before, it would hold the GIL the rest of the start needs
+    base_sha256 = base_model_sha256(path, settings.data.data_dir)
+    after = actor.warm_up_done if start else None   # (no warm-up to wait for)
+    identity = _in_background("kiln-identity", after, serving_identity, path, settings.data.data_dir,
+                              tokenizer, tokenizer.chat_template, cfg, base_sha256)
     if start:
         actor.start()
     log.info("loaded %s from %s (%s, %s on %s%s, quantization %s) in %.1fs; KV pool %d blocks x %d tokens, "
              "context %d; weights %s", info.describe(), path, weights.format, info.dtype, device,
              f", kernels {kernels.active_isa()}" if device.type == "cpu" and kernels.enabled() else "",
-             info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, identity.base_model_sha256)
+             info.quantization, time.perf_counter() - t0, num_blocks, block_size, max_len, base_sha256)
     if weights.served:
         log.info("weights served: %s", weights.served)
     if weights.held:
@@ -152,6 +177,24 @@ def build_engine(settings: Settings, *, start: bool = True) -> Engine:
     log.info("admission: at most %d waiting requests and %d queued prompt tokens (then 429 + Retry-After)",
              engine.admission.max_waiting_requests, engine.admission.max_queued_tokens)
     return engine
+
+
+def _in_background(name: str, after: threading.Event | None, fn: Callable[..., T], *args: Any,
+                   wait_s: float = 30.0) -> Future[T]:
+    """`fn(*args)` on a daemon thread of its own, once `after` is set (or `wait_s` has passed) when given;
+    its result (or exception) through the future. A reader of the future waits for both."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        if after is not None:
+            after.wait(wait_s)
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever reads the result
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def admission_gate(settings: Settings, kv_pool_tokens: int, max_model_len: int) -> AdmissionGate:

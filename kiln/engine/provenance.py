@@ -142,10 +142,11 @@ def tokenizer_hashes(tokenizer: Any) -> tuple[str, str]:
 
 
 def serving_identity(weights_path: str | Path, data_dir: str | Path, tokenizer: Any, chat_template: str,
-                     model_config: Any) -> ServingIdentity:
+                     model_config: Any, base_sha256: str | None = None) -> ServingIdentity:
+    """`base_sha256`: the weights' `base_model_sha256`, when the caller has it already."""
     vocab, config = tokenizer_hashes(tokenizer)
     return ServingIdentity(
-        base_model_sha256=base_model_sha256(weights_path, data_dir),
+        base_model_sha256=base_sha256 or base_model_sha256(weights_path, data_dir),
         tokenizer_vocab_sha256=vocab,
         tokenizer_config_sha256=config,
         chat_template_sha256=sha256_tagged(chat_template.encode("utf-8")),

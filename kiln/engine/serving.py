@@ -7,6 +7,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -123,7 +124,7 @@ class Engine:
     stats. It owns the batching actor (`EngineActor`) and talks to it only through its queues."""
 
     def __init__(self, info: ModelInfo, tokenizer: Tokenizer, template: ChatTemplate, actor: EngineActor,
-                 weights: LoadedWeights, identity: ServingIdentity | None = None,
+                 weights: LoadedWeights, identity: ServingIdentity | Future[ServingIdentity] | None = None,
                  effective_config: dict[str, Any] | None = None) -> None:
         self.info = info
         self.tokenizer = tokenizer
@@ -133,7 +134,8 @@ class Engine:
         self._bridge = ActorBridge(actor)
         self._grammars: GrammarCompiler | None = None
         self._prompt_context: PromptContext | None = None
-        self.identity = identity
+        self._identity: ServingIdentity | Future[ServingIdentity] | None = None
+        self.identity = identity   # a future while it is computed (see the property)
         self.effective_config = effective_config or {}
         self.effective_config_sha256 = tagged(self.effective_config)
         # Set by `attach_adapters` once the adapter services exist; None serves the base model only.
@@ -143,6 +145,19 @@ class Engine:
         # Bounded admission: `admit` refuses new HTTP work past these limits; build_engine
         # sizes them from the settings and the KV pool.
         self.admission = AdmissionGate()
+
+    @property
+    def identity(self) -> ServingIdentity | None:
+        """The content identity of what serves requests. `build_engine` hashes the tokenizer on a thread
+        of its own (~0.3 s of CPU at a 128k vocabulary) so the server is ready meanwhile: the first
+        reader waits for it, and an error computing it is raised to every reader."""
+        if isinstance(self._identity, Future):
+            return self._identity.result()
+        return self._identity
+
+    @identity.setter
+    def identity(self, value: ServingIdentity | Future[ServingIdentity] | None) -> None:
+        self._identity = value
 
     def attach_adapters(self, store: Any, compose_cache: Any, active: Any) -> None:
         from kiln.adapters.compat import model_spec_from_config

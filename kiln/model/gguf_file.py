@@ -26,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+ALIGNMENT_KEY = "general.alignment"
 
 _SCALARS = {  # GGUF value type -> (struct code, numpy dtype)
     0: ("B", np.uint8), 1: ("b", np.int8), 2: ("H", np.uint16), 3: ("h", np.int16),
@@ -105,6 +106,27 @@ class _Cursor:
         self.pos = pos
         return out
 
+    def skip(self, vtype: int) -> None:
+        """Move past a value without building it (a vocabulary's strings: only their lengths are read)."""
+        if vtype == _STRING:
+            self.pos += 8 + self.scalar("Q")
+        elif vtype == _ARRAY:
+            etype, count = self.scalar("I"), self.scalar("Q")
+            if etype in _SCALARS:
+                self.pos += count * struct.calcsize(_SCALARS[etype][0])
+            elif etype == _STRING:
+                buf, pos, length = self.buf, self.pos, struct.Struct("<Q").unpack_from
+                for _ in range(count):
+                    pos += 8 + length(buf, pos)[0]
+                self.pos = pos
+            else:
+                for _ in range(count):
+                    self.skip(etype)
+        elif vtype in _SCALARS:
+            self.pos += struct.calcsize(_SCALARS[vtype][0])
+        else:
+            raise GGUFFormatError(f"unknown GGUF value type {vtype}")
+
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
             return self.string()
@@ -123,8 +145,10 @@ class _Cursor:
         raise GGUFFormatError(f"unknown GGUF value type {vtype}")
 
 
-def _read_header(buf: mmap.mmap, path: str | Path) -> tuple[_Cursor, int, dict[str, Any]]:
-    """(cursor after the key/values, tensor count, metadata)."""
+def _read_header(buf: mmap.mmap, path: str | Path, only: frozenset[str] | None = None,
+                 ) -> tuple[_Cursor, int, dict[str, Any]]:
+    """(cursor after the key/values, tensor count, metadata); `only`: the keys to read, the others'
+    values are skipped."""
     cur = _Cursor(buf)
     if buf[:4] != MAGIC:
         raise GGUFFormatError(f"{path} is not a GGUF file (bad magic)")
@@ -136,7 +160,11 @@ def _read_header(buf: mmap.mmap, path: str | Path) -> tuple[_Cursor, int, dict[s
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
-        metadata[key] = cur.value(cur.scalar("I"))
+        vtype = cur.scalar("I")
+        if only is None or key in only:
+            metadata[key] = cur.value(vtype)
+        else:
+            cur.skip(vtype)
     return cur, n_tensors, metadata
 
 
@@ -163,13 +191,22 @@ def read_gguf_tensor_infos(path: str | Path) -> tuple[TensorInfo, ...]:
 
 @functools.lru_cache(maxsize=4)
 def _tensor_infos(path: str, size: int, mtime_ns: int) -> tuple[TensorInfo, ...]:
-    return tuple(TensorInfo(t.name, t.qtype, t.shape) for t in read_gguf(path).tensors)
+    # the key/values are skipped, not built (only the alignment is read): ~half the parse's time
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return tuple(TensorInfo(t.name, t.qtype, t.shape) for t in _parse(buf, path, frozenset({ALIGNMENT_KEY}))[1])
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
     with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    cur, n_tensors, metadata = _read_header(buf, path)
+    metadata, tensors = _parse(buf, path)
+    return GGUFFile(metadata, tensors, buf)
+
+
+def _parse(buf: mmap.mmap, path: str | Path, only: frozenset[str] | None = None,
+           ) -> tuple[dict[str, Any], list[GGUFTensor]]:
+    """(metadata, tensors viewing `buf`); `only`: the metadata keys to read (`_read_header`)."""
+    cur, n_tensors, metadata = _read_header(buf, path, only)
 
     infos = []
     for _ in range(n_tensors):
@@ -177,7 +214,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
         dims = [cur.scalar("Q") for _ in range(cur.scalar("I"))]
         qtype, offset = cur.scalar("I"), cur.scalar("Q")
         infos.append((name, dims, qtype, offset))
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    alignment = int(metadata.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT))
     data_start = -(-cur.pos // alignment) * alignment
     # the key/values (a vocabulary, its merges: megabytes) are Python values now
     release_range(buf, 0, cur.pos)
@@ -200,4 +237,4 @@ def read_gguf(path: str | Path) -> GGUFFile:
             raw = np.frombuffer(buf, dtype=np.uint8, count=n_rows * row_bytes, offset=start)
             data = raw.reshape(*shape[:-1], row_bytes)
         tensors.append(GGUFTensor(name, qtype, shape, data, start))
-    return GGUFFile(metadata, tensors, buf)
+    return metadata, tensors

@@ -172,10 +172,20 @@ def _gguf_rows(kind: str, data: GGUFData, shape: Sequence[int]) -> tuple[np.ndar
     return raw.reshape(n * (k // SUPER), f.gguf_bytes), n, k
 
 
-def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor | None = None) -> PackedWeight:
+def tile_shapes(kind: str, n: int, k: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The shapes of a `[n, k]` weight's tiled codes and scales: `[T, S, code bytes]`, `[T, S, scale bytes]`."""
+    f, t, s = FORMATS[kind], -(-n // TILE_ROWS), k // SUPER
+    return (t, s, f.super_bytes), (t, s, f.scale_bytes)
+
+
+def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor | None = None,
+                   out: tuple[Tensor, Tensor] | None = None) -> PackedWeight:
     """GGUF K-quant blocks of a `[N, K]` tensor as a tiled weight (float activations); `rows`: the output
-    rows to keep, in order (llama.cpp's Q/K permutation undone), else all."""
+    rows to keep, in order (llama.cpp's Q/K permutation undone), else all. `out`: contiguous uint8
+    tensors of `tile_shapes` (a fused weight's slices) that receive the codes and scales, else new ones."""
     blocks, n, k = _gguf_rows(kind, data, shape)
+    keep = None if rows is None else torch.as_tensor(rows, dtype=torch.long)
+    count = n if keep is None else int(keep.numel())
     module = kernels.load() if kernels.enabled() else None
     if module is not None:
         # one pass over the file's bytes in C++ (the numpy records and gather below took ~20 s of a 1B
@@ -183,15 +193,17 @@ def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             src = torch.from_numpy(blocks)
-        keep = None if rows is None else torch.as_tensor(rows, dtype=torch.long)
-        count = n if keep is None else int(keep.numel())
+        out_qs, out_scales = out if out is not None else (None, None)
         qs, scales = module.kquant_tiles_from_gguf(src, _KIND_IDS[kind], count, k, keep, _permutation(kind),
-                                                   FORMATS[kind].super_bytes)
+                                                   FORMATS[kind].super_bytes, out_qs=out_qs, out_scales=out_scales)
         return PackedWeight(kind, count, k, qs, scales, True)  # type: ignore[arg-type]
     rec = torch.from_numpy(_records(kind, blocks)).view(n, k // SUPER, -1)
-    if rows is not None:
-        rec = rec[torch.as_tensor(rows, dtype=torch.long)]
-    return tile(kind, k, rec)
+    if keep is not None:
+        rec = rec[keep]
+    pw = tile(kind, k, rec)
+    if out is not None:
+        pw.qs, pw.scales = out[0].copy_(pw.qs), out[1].copy_(pw.scales)
+    return pw
 
 
 # ---------------------------------------------------------------- records <-> tiles

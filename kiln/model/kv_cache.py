@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from kiln.model.config import ModelConfig
+from kiln.model.heap import zeroed
 
 
 def resolve_torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -40,10 +41,11 @@ class KVCache:
         self.num_slots = num_blocks * block_size
         self.dtype = resolve_torch_dtype(dtype)
         self.device = torch.device(device)
-        self.storage = torch.zeros(
-            config.num_hidden_layers, 2, self.num_slots, config.num_key_value_heads, config.head_dim,
-            dtype=self.dtype, device=self.device,
-        )
+        shape = (config.num_hidden_layers, 2, self.num_slots, config.num_key_value_heads, config.head_dim)
+        # on the CPU, zero pages the kernel maps as blocks are first written: the pool costs no time to
+        # clear at start and holds memory as traffic fills it
+        self.storage = zeroed(shape, self.dtype) if self.device.type == "cpu" else \
+            torch.zeros(*shape, dtype=self.dtype, device=self.device)
         self.k: list[Tensor] = [self.storage[i, 0] for i in range(config.num_hidden_layers)]
         self.v: list[Tensor] = [self.storage[i, 1] for i in range(config.num_hidden_layers)]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from kiln.model.config import ModelConfig
 from kiln.model.decode_stack import fuse_projections
 from kiln.model.dense_tiles import attach_dense_tiles, codes_serve_here
 from kiln.model.gguf_file import read_gguf_tensor_infos
-from kiln.model.gguf_loader import load_gguf
+from kiln.model.gguf_loader import check_cancel, load_gguf
 from kiln.model.heap import trim_heap
 from kiln.model.kv_cache import resolve_torch_dtype
 from kiln.model.precision import native_bf16
@@ -77,22 +79,26 @@ def resolve_dtype(dtype: torch.dtype | str, device: torch.device | str = "cpu") 
 
 
 def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_quantized: bool = False,
-                 keep_kquants: bool = True, blocks_only: bool = False) -> LoadedWeights:
+                 keep_kquants: bool = True, blocks_only: bool = False, cancel: threading.Event | None = None,
+                 on_metadata: Callable[[dict[str, Any]], None] | None = None) -> LoadedWeights:
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
     `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
     Q4_K/Q5_K/Q6_K ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
-    dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`)."""
+    dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`). `cancel`: stops the
+    load between tensors (LoadCancelled) once set. `on_metadata`: a GGUF's key/values as soon as they are
+    read (`load_gguf`)."""
     p = Path(path)
     torch_dtype = resolve_dtype(dtype)
     if p.is_file() and p.suffix == ".gguf":
         packed: dict[str, Any] | None = {} if keep_quantized else None
         types: dict[str, str] = {}
         config, tensors, metadata = load_gguf(str(p), torch_dtype, packed, types, kquants=keep_kquants,
-                                              blocks_only=blocks_only and keep_quantized)
+                                              blocks_only=blocks_only and keep_quantized, cancel=cancel,
+                                              on_metadata=on_metadata)
         return LoadedWeights(config, tensors, str(p), "gguf", metadata, packed or {}, tensor_types=types)
     if p.is_dir():
-        return _load_hf_dir(p, torch_dtype)
+        return _load_hf_dir(p, torch_dtype, cancel)
     if not p.exists():
         raise FileNotFoundError(f"model path {p} does not exist")
     raise FileNotFoundError(f"model path {p} is neither a *.gguf file nor an HF checkpoint directory")
@@ -148,7 +154,8 @@ def _bf16_decode_wins() -> bool:
 
 def load_model(
     path: str | Path, dtype: torch.dtype | str = "auto", device: torch.device | str = "cpu",
-    quantization: str = "none",
+    quantization: str = "none", cancel: threading.Event | None = None,
+    on_metadata: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[Transformer, LoadedWeights]:
     """Load weights into our Transformer.
 
@@ -186,7 +193,8 @@ def load_model(
                            # a weight served from its blocks has no dense copy: training and scoring
                            # dequantize it where they use it (precision.block_linear)
                            blocks_only=serves_blocks
-                           and dense_copy_bytes(path, torch_dtype) > DENSE_COPY_MAX_BYTES)
+                           and dense_copy_bytes(path, torch_dtype) > DENSE_COPY_MAX_BYTES, cancel=cancel,
+                           on_metadata=on_metadata)
     codes, weights.packed = (weights.packed, {}) if dense_codes else (None, weights.packed)
     model = Transformer(weights.config, torch_dtype, device, init_weights=False)
     model.load_state_dict_hf(weights.tensors)
@@ -312,7 +320,7 @@ def default_model_path() -> Path:
     )
 
 
-def _load_hf_dir(directory: Path, dtype: torch.dtype) -> LoadedWeights:
+def _load_hf_dir(directory: Path, dtype: torch.dtype, cancel: threading.Event | None = None) -> LoadedWeights:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")
@@ -329,5 +337,6 @@ def _load_hf_dir(directory: Path, dtype: torch.dtype) -> LoadedWeights:
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for key in sf.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                check_cancel(cancel)
                 tensors[key] = sf.get_tensor(key).to(dtype)
     return LoadedWeights(config, tensors, str(directory), "hf", None)

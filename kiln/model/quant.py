@@ -219,6 +219,20 @@ def _untile(p: PackedWeight) -> QuantCodes:
     return QuantCodes(p.kind, p.in_features, q, sc[0], sc[1] if p.kind == "q4_1" else None)
 
 
+def joined_view(parts: Sequence[Tensor]) -> Tensor | None:
+    """`torch.cat(parts)` as a view, when the parts are contiguous and consecutive in one storage (each
+    starts where the one before it ends); else None."""
+    first = parts[0]
+    end = first.data_ptr()
+    for p in parts:
+        if (not p.is_contiguous() or p.dtype != first.dtype or p.device != first.device or p.shape[1:] != first.shape[1:]
+                or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or p.data_ptr() != end):
+            return None
+        end += p.nbytes
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+    return torch.as_strided(first, shape, first.stride(), first.storage_offset())
+
+
 def concat_packed(parts: Sequence[PackedWeight]) -> PackedWeight:
     """Stack weights along the output dimension (e.g. q/k/v or gate/up) so one call computes all."""
     if not parts:
@@ -231,9 +245,12 @@ def concat_packed(parts: Sequence[PackedWeight]) -> PackedWeight:
             )
     n = sum(p.out_features for p in parts)
     if all(p.out_features % TILE_ROWS == 0 for p in parts[:-1]):
-        # whole tiles: the layouts simply stack
-        qs = torch.cat([p.qs for p in parts])
-        scales = torch.cat([p.scales for p in parts])
+        # whole tiles: the layouts simply stack (with no copy where the loader packed the parts into
+        # consecutive slices of one buffer)
+        qs = joined_view([p.qs for p in parts])
+        scales = joined_view([p.scales for p in parts])
+        if qs is None or scales is None:
+            qs, scales = torch.cat([p.qs for p in parts]), torch.cat([p.scales for p in parts])
         return PackedWeight(first.kind, n, first.in_features, qs, scales, first.float_act)
     if first.is_kquant:
         from kiln.model import kquant

@@ -1,5 +1,6 @@
 """The optimisation loop shared by SFT, GRPO and DPO: epochs of shuffled items, micro-batches with gradient
-accumulation, AdamW on the LoRA factors only, a cancel check and a yield at every step boundary.
+accumulation, AdamW on the LoRA factors only (kiln.train.optim: torch's update without torch.optim, which
+imports torch's compiler), a cancel check and a yield at every step boundary.
 
 A step takes `batch_size * grad_accum` items, split into `grad_accum` micro-batches. Each micro-batch
 loss is already divided by the step's trained-token count (or, for work with a `weight` per item, the
@@ -27,13 +28,7 @@ import torch
 from torch import Tensor
 
 from kiln.model.lora import LoraDelta
-
-
-def warm_up_imports() -> None:
-    """Import what torch's optimizers import lazily on their first `step()` (its compiler, torch._dynamo:
-    ~1.5 s on 2 cores), so a server's first training step does not pay it. `kiln serve` runs this on a
-    thread of its own while the weights load."""
-    import torch._dynamo  # noqa: F401
+from kiln.train.optim import AdamW
 
 
 class Work(Protocol):
@@ -123,7 +118,7 @@ def run_loop(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: Loo
     `before_step` runs before each step (the executor re-decides its CPU threads there)."""
     items = list(work.items)
     params = [p for p in lora.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    opt = AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     total = cfg.total_steps(len(items))
     reports: list[StepReport] = []
     started = time.perf_counter()
@@ -156,7 +151,7 @@ def run_loop(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: Loo
 
 
 def _run_batch(model: torch.nn.Module, lora: torch.nn.Module, work: Work, cfg: LoopConfig,
-               opt: torch.optim.Optimizer, params: list[Tensor], chosen: list[Any], epoch: int, step: int, total: int,
+               opt: AdamW, params: list[Tensor], chosen: list[Any], epoch: int, step: int, total: int,
                started: float, reports: list[StepReport], on_step: Callable[[StepReport], None] | None,
                should_stop: Callable[[], bool] | None) -> int:
     micro = [chosen[i : i + cfg.batch_size] for i in range(0, len(chosen), cfg.batch_size)]

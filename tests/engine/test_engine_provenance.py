@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +22,7 @@ from kiln.engine.provenance import (
     rollout_provenance,
     scored_payload_sha256,
 )
+from kiln.engine.serving import Engine
 from kiln.testing.schemas import validate
 
 INF = "kiln-inference-v1.schema.json"
@@ -129,3 +133,21 @@ def test_identity_text_with_surrounding_space_is_a_problem():
     rec = record()
     rec["behavior_policy"]["served_model_id"] = " tiny"
     assert any("served_model_id" in p for p in provenance_problems(rec))
+
+
+def test_an_identity_still_being_computed_is_waited_for_and_its_error_reaches_every_reader():
+    pending: Future = Future()
+    actor = SimpleNamespace(runner=SimpleNamespace(backend="fake"))
+    eng = Engine(SimpleNamespace(served_model_id="tiny"), SimpleNamespace(), SimpleNamespace(), actor, None,  # type: ignore[arg-type]
+                 pending)
+    identity = ServingIdentity(H, H, H, H, H)
+    threading.Timer(0.05, pending.set_result, args=(identity,)).start()
+    assert eng.identity is identity and eng.policy().identity is identity   # waited for the thread
+    failed: Future = Future()
+    failed.set_exception(OSError("unreadable"))
+    eng.identity = None
+    assert eng.policy() is None
+    broken = Engine(SimpleNamespace(), SimpleNamespace(), SimpleNamespace(), actor, None, failed)  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(OSError, match="unreadable"):
+            broken.config_hashes()

@@ -210,6 +210,34 @@ def test_gguf_metadata_is_plain_python(tmp_path: Path, llama_hf: torch.nn.Module
     assert not any(k.startswith("GGUF.") for k in md)
 
 
+def test_the_metadata_is_handed_over_before_any_tensor_loads_and_a_cancel_stops_the_load(
+        tmp_path: Path, llama_hf: torch.nn.Module, monkeypatch) -> None:
+    import threading
+
+    from kiln.model import gguf_loader
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, llama_hf, Q.F32)
+    events: list[str] = []
+    real = gguf_loader._load_tensor
+    monkeypatch.setattr(gguf_loader, "_load_tensor", lambda t, *a: (events.append(t.name), real(t, *a))[1])
+    loaded = load_weights(path, "float32", on_metadata=lambda md: events.append(f"metadata {md['general.architecture']}"))
+    assert events[0] == "metadata llama" and len(events) == 1 + len(loaded.tensors)
+    cancel = threading.Event()
+    events.clear()
+
+    def stop_after_two(t, *a):
+        events.append(t.name)
+        if len(events) == 2:
+            cancel.set()
+        return real(t, *a)
+
+    monkeypatch.setattr(gguf_loader, "_load_tensor", stop_after_two)
+    with pytest.raises(gguf_loader.LoadCancelled):
+        load_weights(path, "float32", cancel=cancel)
+    assert len(events) == 2
+
+
 def test_unsupported_quant_type_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "q2_k.gguf"
     writer = GGUFWriter(str(path), "llama")

@@ -1,6 +1,7 @@
 """How the C++ kernel library is named in the build cache (no compiler needed)."""
 
 import shutil
+from pathlib import Path
 
 from kiln.model import kernels
 
@@ -57,3 +58,24 @@ def test_a_lock_whose_build_is_running_stays(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)   # this process "builds" there, as ninja would
     assert not kernels._clear_stale_lock(tmp_path)
     assert lock.exists()
+
+
+def test_the_build_directory_is_torchs(monkeypatch, tmp_path) -> None:
+    from torch.utils import cpp_extension
+
+    for env in (None, str(tmp_path)):
+        if env is None:
+            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", env)
+        name = "kiln_kernels_test_dir"
+        assert kernels.build_directory(name) == Path(cpp_extension._get_build_directory(name, verbose=False))
+
+
+def test_a_library_under_construction_is_left_to_torchs_builder(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name = kernels.extension_name()
+    (tmp_path / name).mkdir()
+    (tmp_path / name / f"{name}.so").write_bytes(b"half a library")
+    (tmp_path / name / "lock").touch()
+    assert kernels._cached_library() is None

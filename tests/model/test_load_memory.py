@@ -4,6 +4,9 @@ frees each layer's unfused weights as it goes."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
 import weakref
 from pathlib import Path
 
@@ -32,6 +35,18 @@ def mapped_resident_bytes(address: int) -> int:
         elif inside and head == "Rss:":
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def resident_pages(t: torch.Tensor) -> int:
+    """How many of the pages `t`'s bytes span are resident (mincore(2))."""
+    page = mmap.PAGESIZE
+    start = t.data_ptr() // page * page
+    count = -(-(t.data_ptr() + t.nbytes - start) // page)
+    vec = (ctypes.c_ubyte * count)()
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(count * page), vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return sum(v & 1 for v in vec)
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +114,42 @@ def test_fusing_frees_each_layers_unfused_blocks_before_the_next(q4_k_m: Path, m
     assert model.model.layers[0].mlp.fused_gate_up is not None
     # the loader keeps no reference of its own: the weights a fuse replaced are gone by the next one
     assert alive_at_each_fuse == [0] * len(alive_at_each_fuse)
+
+
+def test_fused_projections_are_packed_in_place_with_no_copy(q4_k_m: Path, monkeypatch) -> None:
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    planned: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    real = gguf_loader.fused_slots
+
+    def spy(tensors):
+        planned.update(real(tensors))
+        return planned
+
+    monkeypatch.setattr(gguf_loader, "fused_slots", spy)
+    model, _ = load_model(q4_k_m, quantization="gguf")
+    assert "blk.0.ffn_gate.weight" in planned and "blk.0.ffn_up.weight" in planned
+    for i, layer in enumerate(model.model.layers):
+        fused = layer.mlp.fused_gate_up
+        assert fused is not None
+        # the fused weight is the buffer the loader packed gate and up into
+        gate_qs, gate_scales = planned[f"blk.{i}.ffn_gate.weight"]
+        assert fused.weight.qs.data_ptr() == gate_qs.data_ptr()
+        assert fused.weight.scales.data_ptr() == gate_scales.data_ptr()
+        assert layer.mlp.up_proj.packed.qs.data_ptr() == planned[f"blk.{i}.ffn_up.weight"][0].data_ptr()
+
+
+def test_the_kv_pool_reads_as_zeros_and_holds_memory_only_where_written() -> None:
+    from kiln.model.config import ModelConfig
+    from kiln.model.kv_cache import KVCache
+
+    cfg = ModelConfig.from_hf_dict({"model_type": "llama", "hidden_size": 256,
+                                    "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                                    "num_key_value_heads": 2, "vocab_size": 1000})
+    cache = KVCache(cfg, num_blocks=256, block_size=16, dtype=torch.bfloat16, device="cpu")
+    pool = cache.storage
+    assert pool.nbytes == 4 * 2 * 256 * 16 * 2 * 64 * 2   # 8 MiB
+    assert resident_pages(pool) == 0
+    cache.k[1][5] = 1.0
+    assert resident_pages(pool) == 1   # the page written
+    assert float(pool.float().sum()) == cache.k[1][5].numel()   # the rest reads as zeros

@@ -221,6 +221,41 @@ def test_the_load_time_packer_writes_the_same_tiles_as_the_reference_path(kind: 
     assert torch.equal(got.qs, want.qs) and torch.equal(got.scales, want.scales)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_kernels", [True, False])
+def test_weights_packed_into_consecutive_slots_concatenate_without_a_copy(kind: str, with_kernels: bool,
+                                                                           monkeypatch) -> None:
+    if with_kernels and not kernels_available():
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    if not with_kernels:
+        monkeypatch.setenv(quant.DISABLE_ENV, "1")
+        quant.refresh_from_env()
+    try:
+        sizes, rows = (32, 16, 21), [None, list(range(15, -1, -1)), None]
+        blocks = [random_blocks(kind, n, 512, seed=i) for i, n in enumerate(sizes)]
+        shapes = [kquant.tile_shapes(kind, n, 512) for n in sizes]
+        tiles = sum(q[0] for q, _ in shapes)
+        # one tile of sentinels on each side: the slots are written, nothing around them
+        qs = torch.full((tiles + 2, *shapes[0][0][1:]), 0xA5, dtype=torch.uint8)
+        scales = torch.full((tiles + 2, *shapes[0][1][1:]), 0xA5, dtype=torch.uint8)
+        parts, start = [], 1
+        for b, n, r, (q, _) in zip(blocks, sizes, rows, shapes, strict=True):
+            slot = (qs[start:start + q[0]], scales[start:start + q[0]])
+            pw = kquant.pack_from_gguf(kind, b, (n, 512), r, out=slot)
+            alone = kquant.pack_from_gguf(kind, b, (n, 512), r)
+            assert pw.qs.data_ptr() == slot[0].data_ptr() and pw.scales.data_ptr() == slot[1].data_ptr()
+            assert torch.equal(pw.qs, alone.qs) and torch.equal(pw.scales, alone.scales)
+            parts.append(pw)
+            start += q[0]
+        assert bool((qs[0] == 0xA5).all() and (qs[-1] == 0xA5).all() and (scales[-1] == 0xA5).all())
+        fused = concat_packed(parts)
+        assert fused.qs.data_ptr() == qs[1:].data_ptr() and fused.qs.shape[0] == tiles   # a view, no copy
+        assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    finally:
+        monkeypatch.delenv(quant.DISABLE_ENV, raising=False)
+        quant.refresh_from_env()
+
+
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -369,6 +369,16 @@ def test_concatenated_weights_compute_every_part(sizes: tuple[int, ...]) -> None
     assert torch.equal(quant_linear(x, fused), torch.cat([quant_linear(x, p) for p in parts], dim=-1))
 
 
+def test_consecutive_slices_of_one_buffer_join_as_a_view_and_others_do_not() -> None:
+    buf = torch.arange(40 * 3, dtype=torch.int32).view(40, 3)
+    joined = quant.joined_view([buf[2:10], buf[10:11], buf[11:30]])
+    assert joined is not None and joined.data_ptr() == buf[2:].data_ptr() and torch.equal(joined, buf[2:30])
+    assert quant.joined_view([buf[2:10], buf[11:30]]) is None              # a gap
+    assert quant.joined_view([buf[10:20], buf[0:10]]) is None              # out of order
+    assert quant.joined_view([buf[0:10], buf[10:20].clone()]) is None      # another storage
+    assert quant.joined_view([buf[:, :2], buf[:, 2:]]) is None             # not contiguous
+
+
 def test_concatenation_needs_matching_kinds_and_inputs() -> None:
     with pytest.raises(ValueError, match="concatenate"):
         concat_packed([pack_q4_1(weight(16, 64)), pack_q8_0(weight(16, 64))])
@@ -422,6 +432,15 @@ def test_importing_the_model_package_compiles_nothing() -> None:
     )
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": "/nonexistent-kiln-test"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+@needs_kernels
+def test_a_built_library_is_imported_without_torchs_builder() -> None:
+    # a fresh process: the library this one built is loaded straight from its build directory
+    code = ("import sys; from kiln.model import kernels; m = kernels.load(); "
+            "print(m is not None and m.__name__ == kernels.extension_name(), 'torch.utils.cpp_extension' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False"]
 
 
 def test_packed_bytes_are_five_eighths_per_q4_weight() -> None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -94,7 +96,7 @@ def load() -> ModuleType | None:
     with _lock:
         if _module is None and _error is None:
             try:
-                module = _build()
+                module = _cached_library() or _build()
             except Exception as exc:  # no compiler, no ninja, a broken toolchain: fall back to torch
                 _error = f"{type(exc).__name__}: {exc}"
                 log.warning("C++ kernels unavailable, using the torch paths (%s)", _error)
@@ -275,16 +277,57 @@ def isa_report() -> dict[str, object]:
 
 
 def extension_name() -> str:
-    """`kiln_kernels_<hash of the sources, flags and their directory>`: each version builds into its
-    own cache directory, so an upgrade never loads an older library. The directory counts because
-    torch's builder writes the source paths into the build: two checkouts sharing one cache entry
-    would each find it stale and rebuild it, in turn, every time the other had used it."""
+    """`kiln_kernels_<hash of the sources, flags, torch's version and their directory>`: each version
+    builds into its own cache directory, so an upgrade (of Kiln or of torch, whose ABI the library is
+    built against) never loads an older library. The directory counts because torch's builder writes
+    the source paths into the build: two checkouts sharing one cache entry would each find it stale and
+    rebuild it, in turn, every time the other had used it."""
+    import torch
+
     digest = hashlib.sha256()
     for path in [*SOURCES, *HEADERS]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
+    digest.update(torch.__version__.encode())
     digest.update(str(SOURCE.parent.resolve()).encode())
     return f"kiln_kernels_{digest.hexdigest()[:12]}"
+
+
+def build_directory(name: str) -> Path:
+    """Where torch's builder puts extension `name` (cpp_extension._get_build_directory, without importing
+    cpp_extension: $TORCH_EXTENSIONS_DIR, else torch's cache directory's py<version>_<accelerator>)."""
+    import torch
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch import _appdirs
+
+        accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip is not None else
+                       f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda is not None else "cpu")
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions")),
+                            f"{python}_{accelerator}")
+    return Path(root) / name
+
+
+def _cached_library() -> ModuleType | None:
+    """The library an earlier process built for these very sources (its name hashes them), imported
+    straight from torch's build directory when no build holds the directory's lock: going through
+    torch's builder instead imports cpp_extension and setuptools (~0.12 s of CPU at every start) and
+    runs ninja to find there is nothing to do. None (then `_build`) when it is not there yet."""
+    if sys.platform != "linux":
+        return None
+    name = extension_name()
+    directory = build_directory(name)
+    library = directory / f"{name}.so"
+    if not library.is_file() or (directory / "lock").exists():
+        return None
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 STALE_LOCK_SECS = 120

@@ -12,10 +12,12 @@ namespace kiln {
 // blocks: uint8, the GGUF blocks of a [rows, k] tensor (row-major, k / 256 superblocks a row); fmt 0 Q4_K,
 // 1 Q5_K, 2 Q6_K; rows: the source rows to keep, in order (n of them), else all n; perm: kquant.py's byte
 // permutation of a tile's superblock (16 * record bytes entries). Returns (qs [T, S, super_bytes],
-// scales [T, S, rest]); rows past n are zero.
+// scales [T, S, rest]); rows past n are zero. out_qs / out_scales: contiguous tensors of those shapes to
+// write into and return (a fused weight's slice of tiles), else new ones.
 std::vector<torch::Tensor> kquant_tiles_from_gguf(const torch::Tensor& blocks, int64_t fmt, int64_t n, int64_t k,
                                                   const c10::optional<torch::Tensor>& rows, const torch::Tensor& perm,
-                                                  int64_t super_bytes);
+                                                  int64_t super_bytes, const c10::optional<torch::Tensor>& out_qs,
+                                                  const c10::optional<torch::Tensor>& out_scales);
 
 // The dense [n, k] weight of kquant tiles (float32, or bfloat16 rounded from it), each value as
 // gguf.quants.dequantize computes it; every ISA gives the same bits. isa: -1 the active one, 0 scalar,

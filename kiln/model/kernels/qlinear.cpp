@@ -1059,7 +1059,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("kquant_tiles_from_gguf", &kiln::kquant_tiles_from_gguf, "GGUF K-quant blocks as kquant tiles (qs, scales)",
         py::arg("blocks"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("rows"), py::arg("perm"),
-        py::arg("super_bytes"), py::call_guard<py::gil_scoped_release>());
+        py::arg("super_bytes"), py::arg("out_qs") = py::none(), py::arg("out_scales") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
   m.def("kquant_dequantize", &kiln::kquant_dequantize, "the dense weight of kquant tiles", py::arg("qs"),
         py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("bf16"), py::arg("isa") = -1,
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
