@@ -333,38 +333,85 @@ KILN_KQ_AVX512 inline void store16_t(const DenseT& p, int64_t kk, int64_t row0, 
   }
 }
 
-// Tiles t0:t1 of superblock s: group by group, each tile's 32 K indices stored as 16 rows' run each.
+// One tile's 16 rows of group j: the factors and codes of its 32 K indices, each a row per lane.
+template <int F>
+struct GroupT {
+  __m512 a0, a1, b;
+  __m512i h0, h1;
+  const uint8_t* qg;
+};
+
+template <int F>
+KILN_KQ_AVX512 inline void group_t_load(const DenseT& p, int64_t t, int64_t s, int j, GroupT<F>& g) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  g.qg = p.qs + (t * p.S + s) * QS + j * QB;
+  group_scales_avx512<F>(p.sc + (t * p.S + s) * SB, j, g.a0, g.a1, g.b);
+  g.h0 = g.h1 = _mm512_setzero_si512();
+  if (F != Q4K) g.h0 = _mm512_loadu_si512(g.qg + 256);
+  if (F == Q6K) g.h1 = _mm512_loadu_si512(g.qg + 320);
+}
+
+// K indices 4c+i (wl) and 16+4c+i (wh) of the group, a row per lane
+template <int F>
+KILN_KQ_AVX512 inline void group_t_values(const GroupT<F>& g, __m512i v, int c, int i, __m512& wl, __m512& wh) {
+  __m512i ql = lane_bits(v, 8 * i, 15), qh = lane_bits(v, 8 * i + 4, 15);
+  if (F == Q5K) {
+    ql = _mm512_or_si512(ql, _mm512_slli_epi32(lane_bits(g.h0, 8 * i + c, 1), 4));
+    qh = _mm512_or_si512(qh, _mm512_slli_epi32(lane_bits(g.h0, 8 * i + 4 + c, 1), 4));
+  } else if (F == Q6K) {
+    const __m512i off = _mm512_set1_epi32(32);
+    ql = _mm512_sub_epi32(_mm512_or_si512(ql, _mm512_slli_epi32(lane_bits(g.h0, 8 * i + 2 * c, 3), 4)), off);
+    qh = _mm512_sub_epi32(_mm512_or_si512(qh, _mm512_slli_epi32(lane_bits(g.h1, 8 * i + 2 * c, 3), 4)), off);
+  }
+  wl = _mm512_mul_ps(_mm512_cvtepi32_ps(ql), g.a0);
+  wh = _mm512_mul_ps(_mm512_cvtepi32_ps(qh), g.a1);
+  if (F != Q6K) {   // never + 0.0f for Q6_K: it would turn -0.0 into +0.0
+    wl = _mm512_add_ps(wl, g.b);
+    wh = _mm512_add_ps(wh, g.b);
+  }
+}
+
+KILN_KQ_AVX512 inline __m256i bf16x16(__m512 w) { return _mm512_cvtepi32_epi16(kiln::bf16_bits16(w)); }
+
+// Tiles t0:t1 of superblock s: group by group, each tile's 32 K indices stored as runs of its rows; in
+// bfloat16 two whole tiles at a time, so each store fills a 64-byte line.
 template <int F>
 KILN_KQ_AVX512 void block_t_avx512(const DenseT& p, int64_t t0, int64_t t1, int64_t s) {
-  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
   for (int j = 0; j < 8; ++j) {
     const int64_t k = (s - p.s0) * kSuper + j * kGroup;
-    for (int64_t t = t0; t < t1; ++t) {
+    int64_t t = t0;
+    if (p.bf16 && F != Q6K) {   // Q6_K's two tiles of codes and high bits at once ran slower
+      for (; t + 1 < t1 && (t + 2) * kRows <= p.n; t += 2) {
+        GroupT<F> ga, gb;
+        group_t_load<F>(p, t, s, j, ga);
+        group_t_load<F>(p, t + 1, s, j, gb);
+        uint16_t* o = static_cast<uint16_t*>(p.out) + t * kRows;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m512i va = _mm512_loadu_si512(ga.qg + c * 64), vb = _mm512_loadu_si512(gb.qg + c * 64);
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            __m512 la, ha, lb, hb;
+            group_t_values<F>(ga, va, c, i, la, ha);
+            group_t_values<F>(gb, vb, c, i, lb, hb);
+            _mm512_storeu_si512(o + (k + 4 * c + i) * p.n, _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16(la)), bf16x16(lb), 1));
+            _mm512_storeu_si512(o + (k + 16 + 4 * c + i) * p.n, _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16(ha)), bf16x16(hb), 1));
+          }
+        }
+      }
+    }
+    for (; t < t1; ++t) {
       const int64_t rows = p.n - t * kRows < kRows ? p.n - t * kRows : kRows, row0 = t * kRows;
       const __mmask16 m = static_cast<__mmask16>((1u << rows) - 1u);
-      const uint8_t* qg = p.qs + (t * p.S + s) * QS + j * QB;
-      __m512 a0, a1, b;
-      group_scales_avx512<F>(p.sc + (t * p.S + s) * SB, j, a0, a1, b);
-      __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
-      if (F != Q4K) h0 = _mm512_loadu_si512(qg + 256);
-      if (F == Q6K) h1 = _mm512_loadu_si512(qg + 320);
+      GroupT<F> g;
+      group_t_load<F>(p, t, s, j, g);
+#pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
-        const __m512i v = _mm512_loadu_si512(qg + c * 64);
+        const __m512i v = _mm512_loadu_si512(g.qg + c * 64);
+#pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
-          __m512i ql = lane_bits(v, 8 * i, 15), qh = lane_bits(v, 8 * i + 4, 15);
-          if (F == Q5K) {
-            ql = _mm512_or_si512(ql, _mm512_slli_epi32(lane_bits(h0, 8 * i + c, 1), 4));
-            qh = _mm512_or_si512(qh, _mm512_slli_epi32(lane_bits(h0, 8 * i + 4 + c, 1), 4));
-          } else if (F == Q6K) {
-            const __m512i off = _mm512_set1_epi32(32);
-            ql = _mm512_sub_epi32(_mm512_or_si512(ql, _mm512_slli_epi32(lane_bits(h0, 8 * i + 2 * c, 3), 4)), off);
-            qh = _mm512_sub_epi32(_mm512_or_si512(qh, _mm512_slli_epi32(lane_bits(h1, 8 * i + 2 * c, 3), 4)), off);
-          }
-          __m512 wl = _mm512_mul_ps(_mm512_cvtepi32_ps(ql), a0), wh = _mm512_mul_ps(_mm512_cvtepi32_ps(qh), a1);
-          if (F != Q6K) {   // never + 0.0f for Q6_K: it would turn -0.0 into +0.0
-            wl = _mm512_add_ps(wl, b);
-            wh = _mm512_add_ps(wh, b);
-          }
+          __m512 wl, wh;
+          group_t_values<F>(g, v, c, i, wl, wh);
           store16_t(p, k + 4 * c + i, row0, m, wl);
           store16_t(p, k + 16 + 4 * c + i, row0, m, wh);
         }
