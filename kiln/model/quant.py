@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -99,20 +99,23 @@ class PackedWeight:
             raise ValueError(f"{self.kind} weights have no q4_1 / q8_0 codes")
         return _untile(self)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, out: Tensor | None = None) -> Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, out: Tensor | None = None, *,
+                   torch_threads: bool = False) -> Tensor:
         """`[out_features, in_features]`; values are computed in float32 (d*q + m), then cast (K-quants:
         as gguf.quants.dequantize computes them). Large weights go a few thousand rows at a time, so the
         temporaries beside the result stay small (the dense path dequantizes a weight on every use).
         `out` (that shape and dtype, contiguous) receives the values and is returned: a buffer reused
-        call after call spares the pages a fresh tensor of a projection's size faults in."""
+        call after call spares the pages a fresh tensor of a projection's size faults in.
+        `torch_threads`: the C++ pass shares the work out on torch's intra-op threads, not the kernels'
+        pool (a training step, whose matmuls keep torch's threads spinning between the calls)."""
         tiles = self.qs.shape[0]
-        if self.is_kquant and dtype in (torch.float32, torch.bfloat16) and self.qs.is_cpu:
-            module = kernels.load() if kernels.enabled() else None
-            if module is not None:
-                # one pass in C++, on the kernels' pool: training from blocks dequantizes every projection
-                # twice a step, which the torch path below made 3-4x a dense copy's step at 1B
-                return module.kquant_dequantize(self.qs, self.scales, _KIND_IDS[self.kind], self.out_features,
-                                                self.in_features, dtype == torch.bfloat16, out=out)
+        module = self._kquant_module(dtype)
+        if module is not None:
+            # one pass in C++: training from blocks dequantizes every projection twice a step, which the
+            # torch path below made 3-4x a dense copy's step at 1B
+            return module.kquant_dequantize(self.qs, self.scales, _KIND_IDS[self.kind], self.out_features,
+                                            self.in_features, dtype == torch.bfloat16, out=out,
+                                            torch_threads=torch_threads)
         if out is not None:
             return out.copy_(self.dequantize(dtype))
         if tiles <= DEQUANT_CHUNK_TILES:
@@ -122,6 +125,26 @@ class PackedWeight:
             part = self._tile_range(t0, t0 + DEQUANT_CHUNK_TILES)
             out[t0 * TILE_ROWS: t0 * TILE_ROWS + part.out_features] = part._dequantize_whole(dtype)
         return out
+
+    def dequantize_t(self, dtype: torch.dtype, start: int, stop: int, out: Tensor | None = None, *,
+                     torch_threads: bool = False) -> Tensor:
+        """The columns `start:stop` (whole superblocks of a K-quant) of `dequantize(dtype)`, transposed:
+        `[stop - start, out_features]`, contiguous, the same values. A product with the weight as its
+        right-hand side (`grad @ W`, a backward's) multiplies faster from this layout, and a range of
+        columns is a range of that product's outputs. `out` as in `dequantize`."""
+        module = self._kquant_module(dtype)
+        if module is not None:
+            return module.kquant_dequantize_t(self.qs, self.scales, _KIND_IDS[self.kind], self.out_features,
+                                              self.in_features, start, stop, dtype == torch.bfloat16, out=out,
+                                              torch_threads=torch_threads)
+        cols = self.dequantize(dtype)[:, start:stop].t()
+        return cols.contiguous() if out is None else out.copy_(cols)
+
+    def _kquant_module(self, dtype: torch.dtype) -> Any:
+        """The C++ kernels where they dequantize this weight into `dtype` (K-quant tiles on the CPU)."""
+        if self.is_kquant and dtype in (torch.float32, torch.bfloat16) and self.qs.is_cpu and kernels.enabled():
+            return kernels.load()
+        return None
 
     def dequantize_rows(self, index: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """The output rows `index` (any shape of row numbers) dequantized, `[*index.shape, in_features]`:

@@ -242,3 +242,36 @@ def test_a_weight_over_the_scratch_bound_goes_in_panels_with_the_dense_weights_v
         torch.testing.assert_close(a, b, rtol=0, atol=float(b.abs().max()) * 2.0 ** -bits)
     buffers = precision._scratch.buffers
     assert max(buf.numel() for buf in buffers.values()) <= 16 * 512   # no buffer grew to a whole weight
+
+
+def test_with_bf16_dot_products_the_backward_reads_the_weights_columns_transposed_with_the_dense_bits(
+        bf16_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """grad @ W from W's columns dequantized transposed, 256 at a time (two panels of the 512-column
+    weights): every panel is a slice of the product's outputs, so the gradients keep the dense copy's bits,
+    and the buffer holds a panel, not the weight."""
+    packed = block_weights()
+    monkeypatch.setattr(precision, "COLUMN_PANEL_VALUES", 256)
+    monkeypatch.setattr(precision, "_scratch", threading.local())
+    columns: list[tuple[int, int]] = []
+    real = type(packed[0]).dequantize_t
+
+    def counted(self, dtype, start, stop, out=None, **kw):
+        columns.append((start, stop))
+        return real(self, dtype, start, stop, out, **kw)
+
+    monkeypatch.setattr(type(packed[0]), "dequantize_t", counted)
+    got_y, got_grad = chained_block_products(packed, dense=False)
+    want_y, want_grad = chained_block_products(packed, dense=True)
+    assert sorted(columns) == [(0, 256), (0, 256), (0, 256), (256, 512), (256, 512)]
+    assert all(torch.equal(a, b) for a, b in zip(got_y, want_y, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got_grad, want_grad, strict=True))
+    assert precision._scratch.buffers[("columns", torch.bfloat16)].numel() == 256 * 72
+
+
+def test_without_bf16_dot_products_the_backward_keeps_the_row_major_weight(avx2_cpu, monkeypatch) -> None:
+    """A float32 product's bits could depend on the weight's layout: the widened path is left as it was."""
+    packed = block_weights()
+    monkeypatch.setattr(type(packed[0]), "dequantize_t", lambda *a, **k: pytest.fail("transposed on AVX2"))
+    got_y, got_grad = chained_block_products(packed, dense=False)
+    want_y, want_grad = chained_block_products(packed, dense=True)
+    assert all(torch.equal(a, b) for a, b in zip(got_grad, want_grad, strict=True))

@@ -79,3 +79,38 @@ def test_target_logprobs_are_the_trained_positions_of_the_full_log_softmax(tiny_
     want = torch.stack([full[0, 1, 7], full[0, 2, 8], full[1, 0, 10]])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert per_target(batch, torch.tensor([1.0, 2.0])).tolist() == [1.0, 1.0, 2.0]
+
+
+def test_the_last_layer_at_the_trained_positions_gives_the_full_layers_values_and_gradients(tiny_model):
+    """Only the trained positions' last-layer outputs are computed (their queries against every key of
+    their own sequence): the same log-probabilities and LoRA gradients as the whole layer's, with and
+    without padding, one sequence or several."""
+    seqs = [MaskedSequence([5, 6, 7, 8, 9, 4], [False, False, True, True, False, True]),
+            MaskedSequence([9, 10, 11], [False, True, True]),
+            MaskedSequence([3, 12, 13, 14, 15, 16], [False, False, False, False, True, True])]
+    for batch in (collate(seqs), collate(seqs[:1]), collate([seqs[0], seqs[2]])):
+        attention = None if bool(batch.attention.all()) else batch.attention
+        chosen = batch.target_mask.bool()
+        results = []
+        for rows in (True, False):
+            lora = lora_with_weights(tiny_model)
+            if rows:
+                hidden = final_hidden(tiny_model, batch.input_ids, attention, lora,
+                                      rows=torch.nn.functional.pad(chosen, (0, 1)))
+            else:
+                hidden = final_hidden(tiny_model, batch.input_ids, attention, lora)[:, :-1][chosen]
+            logits = tiny_model.compute_logits(hidden)
+            logits.square().sum().backward()
+            results.append((logits.detach(), [p.grad.clone() for p in lora.parameters()]))
+        (got, got_grads), (want, want_grads) = results
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for x, y in zip(got_grads, want_grads, strict=True):   # float32 rounding of sums in the thousands
+            torch.testing.assert_close(x, y, rtol=0, atol=float(y.abs().max()) * 1e-5)
+
+
+def test_no_trained_position_gives_an_empty_slice_that_backward_accepts(tiny_model):
+    lora = lora_with_weights(tiny_model)
+    ids = torch.tensor([[5, 6, 7]])
+    hidden = final_hidden(tiny_model, ids, None, lora, rows=torch.zeros(1, 3, dtype=torch.bool))
+    assert hidden.shape == (0, tiny_model.config.hidden_size)
+    tiny_model.compute_logits(hidden).sum().backward()

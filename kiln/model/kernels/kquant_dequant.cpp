@@ -9,8 +9,18 @@
 // every ISA gives the same bits. The SIMD paths turn a group's 16 (AVX-512) or 8 (AVX2) rows of codes,
 // which the tile stores as 4-byte runs of each row side by side, into each row's 32 codes in K order
 // with a 4x4 transpose of 32-bit words in registers, then widen, scale and store one row at a time.
+//
+// The transposed pass (kquant_dequantize_t) writes a range of K's columns as rows, W[:, k0:k1]^T: the
+// backward's input gradient grad @ W multiplies at the forward's speed from that layout (oneDNN's
+// bfloat16 matmul reads a transposed B ~20% faster than a row-major one), and a range of columns is a
+// whole slice of the product's outputs, so a weight goes in panels with the whole product's bits. It
+// needs no transpose: each 32-bit lane of a group's code vectors is one row, so shifting and masking
+// gives 16 (AVX-512) or 8 (AVX2) rows' codes of one K index, which are scaled with the rows' factors in
+// lanes and stored as one run of the output row. Same values, same operations as the row-major pass.
 
 #include "kquant_pack.h"
+
+#include <ATen/Parallel.h>
 
 #include "bf16_simd.h"
 #include "isa.h"
@@ -231,14 +241,304 @@ KILN_KQ_AVX2 void tile_avx2(const Dense& p, int64_t t) {
 }
 #endif
 
+// ---------------------------------------------------------------- transposed: W[:, k0:k1]^T
+
+struct DenseT {
+  const uint8_t* qs;   // [T, S, super_bytes]
+  const uint8_t* sc;   // [T, S, scale_bytes]
+  int64_t S, n, s0, s1;
+  bool bf16;
+  void* out;           // [(s1 - s0) * 256, n]
+};
+
+// Tiles of one task: the task writes each of its K indices' output rows in runs of kBlockTiles * 16
+// values (a few KB; each store of a tile lands next to the previous tile's), where a tile at a time would
+// scatter 32-byte pieces over 256 rows a superblock, a page apart. Even, so a bfloat16 run ends on a
+// 64-byte line and no two threads write one line.
+constexpr int64_t kBlockTiles = 32;
+
 template <int F>
-void dequantize_all(const Dense& p, int64_t isa) {
+void tile_t_scalar(const DenseT& p, int64_t t, int64_t s) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  for (int r = 0; r < kRows && t * kRows + r < p.n; ++r) {
+    const int64_t row = t * kRows + r;
+    const uint8_t* sb = p.sc + (t * p.S + s) * SB;
+    const float d = half_bits_to_float(load_u16(sb + 2 * r));
+    const float dmin = F == Q6K ? 0.0f : half_bits_to_float(load_u16(sb + 32 + 2 * r));
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* qg = p.qs + (t * p.S + s) * QS + j * QB;
+      float a0, a1, b = 0.0f;
+      if (F == Q6K) {
+        a0 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j) * 16 + r]));
+        a1 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j + 1) * 16 + r]));
+      } else {
+        int sc, mn;
+        scale_min_scalar(sb, r, j, sc, mn);
+        a0 = a1 = d * static_cast<float>(sc);
+        b = dmin * static_cast<float>(mn);
+      }
+      const int64_t k = (s - p.s0) * kSuper + j * kGroup;
+      for (int kk = 0; kk < kGroup; ++kk) {
+        const int q = code_unsigned(F, qg, r, kk);
+        const float a = kk < 16 ? a0 : a1;
+        const float w = F == Q6K ? static_cast<float>(q - 32) * a : static_cast<float>(q) * a - b;
+        const int64_t at = (k + kk) * p.n + row;
+        if (p.bf16) {
+          static_cast<uint16_t*>(p.out)[at] = float_to_bf16_bits(w);
+        } else {
+          static_cast<float*>(p.out)[at] = w;
+        }
+      }
+    }
+  }
+}
+
+#ifdef KILN_KQ_X86
+
+// Byte i of every 32-bit lane of v shifted right by `shift`, masked: one K index's codes (or high
+// bits), a row per lane.
+KILN_KQ_AVX512 inline __m512i lane_bits(__m512i v, int shift, int mask) {
+  return _mm512_and_si512(_mm512_srli_epi32(v, shift), _mm512_set1_epi32(mask));
+}
+
+// Group j's factors for a tile's 16 rows, as scales_avx512 computes them: Q4_K / Q5_K a0 = a1 = d*sc,
+// b = -(dmin*m); Q6_K a0, a1 the halves' d*sc.
+template <int F>
+KILN_KQ_AVX512 inline void group_scales_avx512(const uint8_t* sb, int j, __m512& a0, __m512& a1, __m512& b) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+  if (F == Q6K) {
+    const __m128i s0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 32 + (2 * j) * 16));
+    const __m128i s1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 32 + (2 * j + 1) * 16));
+    a0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s0)));
+    a1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s1)));
+    b = _mm512_setzero_ps();
+    return;
+  }
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
+  __m128i B[12];
+  for (int i = 0; i < 12; ++i) B[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 64 + 16 * i));
+  __m128i sc, m;
+  scale_min_bytes(B, j, sc, m);
+  a0 = a1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+  const __m512 dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+  b = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+}
+
+KILN_KQ_AVX512 inline void store16_t(const DenseT& p, int64_t kk, int64_t row0, __mmask16 m, __m512 w) {
+  if (p.bf16) {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + kk * p.n + row0;
+    _mm256_mask_storeu_epi16(o, m, _mm512_cvtepi32_epi16(kiln::bf16_bits16(w)));
+  } else {
+    _mm512_mask_storeu_ps(static_cast<float*>(p.out) + kk * p.n + row0, m, w);
+  }
+}
+
+// One tile's 16 rows of group j: the factors and codes of its 32 K indices, each a row per lane.
+template <int F>
+struct GroupT {
+  __m512 a0, a1, b;
+  __m512i h0, h1;
+  const uint8_t* qg;
+};
+
+template <int F>
+KILN_KQ_AVX512 inline void group_t_load(const DenseT& p, int64_t t, int64_t s, int j, GroupT<F>& g) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  g.qg = p.qs + (t * p.S + s) * QS + j * QB;
+  group_scales_avx512<F>(p.sc + (t * p.S + s) * SB, j, g.a0, g.a1, g.b);
+  g.h0 = g.h1 = _mm512_setzero_si512();
+  if (F != Q4K) g.h0 = _mm512_loadu_si512(g.qg + 256);
+  if (F == Q6K) g.h1 = _mm512_loadu_si512(g.qg + 320);
+}
+
+// K indices 4c+i (wl) and 16+4c+i (wh) of the group, a row per lane
+template <int F>
+KILN_KQ_AVX512 inline void group_t_values(const GroupT<F>& g, __m512i v, int c, int i, __m512& wl, __m512& wh) {
+  __m512i ql = lane_bits(v, 8 * i, 15), qh = lane_bits(v, 8 * i + 4, 15);
+  if (F == Q5K) {
+    ql = _mm512_or_si512(ql, _mm512_slli_epi32(lane_bits(g.h0, 8 * i + c, 1), 4));
+    qh = _mm512_or_si512(qh, _mm512_slli_epi32(lane_bits(g.h0, 8 * i + 4 + c, 1), 4));
+  } else if (F == Q6K) {
+    const __m512i off = _mm512_set1_epi32(32);
+    ql = _mm512_sub_epi32(_mm512_or_si512(ql, _mm512_slli_epi32(lane_bits(g.h0, 8 * i + 2 * c, 3), 4)), off);
+    qh = _mm512_sub_epi32(_mm512_or_si512(qh, _mm512_slli_epi32(lane_bits(g.h1, 8 * i + 2 * c, 3), 4)), off);
+  }
+  wl = _mm512_mul_ps(_mm512_cvtepi32_ps(ql), g.a0);
+  wh = _mm512_mul_ps(_mm512_cvtepi32_ps(qh), g.a1);
+  if (F != Q6K) {   // never + 0.0f for Q6_K: it would turn -0.0 into +0.0
+    wl = _mm512_add_ps(wl, g.b);
+    wh = _mm512_add_ps(wh, g.b);
+  }
+}
+
+KILN_KQ_AVX512 inline __m256i bf16x16(__m512 w) { return _mm512_cvtepi32_epi16(kiln::bf16_bits16(w)); }
+
+// Tiles t0:t1 of superblock s: group by group, each tile's 32 K indices stored as runs of its rows; in
+// bfloat16 two whole tiles at a time, so each store fills a 64-byte line.
+template <int F>
+KILN_KQ_AVX512 void block_t_avx512(const DenseT& p, int64_t t0, int64_t t1, int64_t s) {
+  for (int j = 0; j < 8; ++j) {
+    const int64_t k = (s - p.s0) * kSuper + j * kGroup;
+    int64_t t = t0;
+    if (p.bf16 && F != Q6K) {   // Q6_K's two tiles of codes and high bits at once ran slower
+      for (; t + 1 < t1 && (t + 2) * kRows <= p.n; t += 2) {
+        GroupT<F> ga, gb;
+        group_t_load<F>(p, t, s, j, ga);
+        group_t_load<F>(p, t + 1, s, j, gb);
+        uint16_t* o = static_cast<uint16_t*>(p.out) + t * kRows;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m512i va = _mm512_loadu_si512(ga.qg + c * 64), vb = _mm512_loadu_si512(gb.qg + c * 64);
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            __m512 la, ha, lb, hb;
+            group_t_values<F>(ga, va, c, i, la, ha);
+            group_t_values<F>(gb, vb, c, i, lb, hb);
+            _mm512_storeu_si512(o + (k + 4 * c + i) * p.n, _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16(la)), bf16x16(lb), 1));
+            _mm512_storeu_si512(o + (k + 16 + 4 * c + i) * p.n, _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16(ha)), bf16x16(hb), 1));
+          }
+        }
+      }
+    }
+    for (; t < t1; ++t) {
+      const int64_t rows = p.n - t * kRows < kRows ? p.n - t * kRows : kRows, row0 = t * kRows;
+      const __mmask16 m = static_cast<__mmask16>((1u << rows) - 1u);
+      GroupT<F> g;
+      group_t_load<F>(p, t, s, j, g);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(g.qg + c * 64);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          __m512 wl, wh;
+          group_t_values<F>(g, v, c, i, wl, wh);
+          store16_t(p, k + 4 * c + i, row0, m, wl);
+          store16_t(p, k + 16 + 4 * c + i, row0, m, wh);
+        }
+      }
+    }
+  }
+}
+
+KILN_KQ_AVX2 inline __m256i lane_bits8(__m256i v, int shift, int mask) {
+  return _mm256_and_si256(_mm256_srli_epi32(v, shift), _mm256_set1_epi32(mask));
+}
+
+// scales_avx2's factors of group j for half h of a tile's rows (see group_scales_avx512)
+template <int F>
+KILN_KQ_AVX2 inline void group_scales_avx2(const uint8_t* sb, int h, int j, __m256& a0, __m256& a1, __m256& b) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 16 * h)));
+  if (F == Q6K) {
+    const __m128i s0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + (2 * j) * 16 + 8 * h));
+    const __m128i s1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + (2 * j + 1) * 16 + 8 * h));
+    a0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s0)));
+    a1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s1)));
+    b = _mm256_setzero_ps();
+    return;
+  }
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 32 + 16 * h)));
+  __m128i B[12];
+  for (int i = 0; i < 12; ++i) B[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 64 + 16 * i + 8 * h));
+  __m128i sc, m;
+  scale_min_bytes(B, j, sc, m);
+  a0 = a1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+  b = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))),
+                    _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u))));
+}
+
+// block_t_avx512's order, 8 rows at a time (a partial tile goes through the scalar path)
+template <int F>
+KILN_KQ_AVX2 void block_t_avx2(const DenseT& p, int64_t t0, int64_t t1, int64_t s) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  for (int j = 0; j < 8; ++j) {
+    const int64_t k = (s - p.s0) * kSuper + j * kGroup;
+    for (int64_t t = t0; t < t1; ++t) {
+      if (p.n - t * kRows < kRows) {
+        if (j == 0) tile_t_scalar<F>(p, t, s);
+        continue;
+      }
+      const uint8_t* qg = p.qs + (t * p.S + s) * QS + j * QB;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row0 = t * kRows + 8 * h;
+        __m256 a0, a1, b;
+        group_scales_avx2<F>(p.sc + (t * p.S + s) * SB, h, j, a0, a1, b);
+        __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+        if (F != Q4K) h0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 256 + 32 * h));
+        if (F == Q6K) h1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 320 + 32 * h));
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32 * h));
+          for (int i = 0; i < 4; ++i) {
+            __m256i ql = lane_bits8(v, 8 * i, 15), qh = lane_bits8(v, 8 * i + 4, 15);
+            if (F == Q5K) {
+              ql = _mm256_or_si256(ql, _mm256_slli_epi32(lane_bits8(h0, 8 * i + c, 1), 4));
+              qh = _mm256_or_si256(qh, _mm256_slli_epi32(lane_bits8(h0, 8 * i + 4 + c, 1), 4));
+            } else if (F == Q6K) {
+              const __m256i off = _mm256_set1_epi32(32);
+              ql = _mm256_sub_epi32(_mm256_or_si256(ql, _mm256_slli_epi32(lane_bits8(h0, 8 * i + 2 * c, 3), 4)), off);
+              qh = _mm256_sub_epi32(_mm256_or_si256(qh, _mm256_slli_epi32(lane_bits8(h1, 8 * i + 2 * c, 3), 4)), off);
+            }
+            __m256 wl = _mm256_mul_ps(_mm256_cvtepi32_ps(ql), a0), wh = _mm256_mul_ps(_mm256_cvtepi32_ps(qh), a1);
+            if (F != Q6K) {
+              wl = _mm256_add_ps(wl, b);
+              wh = _mm256_add_ps(wh, b);
+            }
+            const int64_t kl = k + 4 * c + i, kh = k + 16 + 4 * c + i;
+            if (p.bf16) {
+              uint16_t* o = static_cast<uint16_t*>(p.out) + row0;
+              kiln::store_bf16_bits8(o + kl * p.n, kiln::bf16_bits8(wl));
+              kiln::store_bf16_bits8(o + kh * p.n, kiln::bf16_bits8(wh));
+            } else {
+              float* o = static_cast<float*>(p.out) + row0;
+              _mm256_storeu_ps(o + kl * p.n, wl);
+              _mm256_storeu_ps(o + kh * p.n, wh);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
+// A task: kBlockTiles tiles of one superblock.
+template <int F>
+void dequantize_t_all(const DenseT& p, int64_t isa, bool torch_threads) {
+  const int64_t T = (p.n + kRows - 1) / kRows, blocks = (T + kBlockTiles - 1) / kBlockTiles;
+  const int64_t tasks = blocks * (p.s1 - p.s0);
+  auto task = [&](int64_t c) {
+    const int64_t s = p.s0 + c / blocks, t0 = (c % blocks) * kBlockTiles;
+    const int64_t t1 = t0 + kBlockTiles < T ? t0 + kBlockTiles : T;
+#ifdef KILN_KQ_X86
+    if (isa >= kiln::ISA_AVX512) return block_t_avx512<F>(p, t0, t1, s);
+    if (isa >= kiln::ISA_AVX2) return block_t_avx2<F>(p, t0, t1, s);
+#endif
+    for (int64_t t = t0; t < t1; ++t) tile_t_scalar<F>(p, t, s);
+  };
+  if (torch_threads) {
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) task(c);
+    });
+  } else {
+    kiln::parallel_tasks(tasks, task);
+  }
+}
+
+template <typename Fn>
+void run_tasks(int64_t n, bool torch_threads, const Fn& fn) {
+  if (!torch_threads) return kiln::parallel_tasks(n, fn);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) fn(t);
+  });
+}
+
+template <int F>
+void dequantize_all(const Dense& p, int64_t isa, bool torch_threads) {
   const int64_t T = (p.n + kRows - 1) / kRows;
 #ifdef KILN_KQ_X86
-  if (isa >= kiln::ISA_AVX512) return kiln::parallel_tasks(T, [&](int64_t t) { tile_avx512<F>(p, t); });
-  if (isa >= kiln::ISA_AVX2) return kiln::parallel_tasks(T, [&](int64_t t) { tile_avx2<F>(p, t); });
+  if (isa >= kiln::ISA_AVX512) return run_tasks(T, torch_threads, [&](int64_t t) { tile_avx512<F>(p, t); });
+  if (isa >= kiln::ISA_AVX2) return run_tasks(T, torch_threads, [&](int64_t t) { tile_avx2<F>(p, t); });
 #endif
-  kiln::parallel_tasks(T, [&](int64_t t) { tile_scalar<F>(p, t); });
+  run_tasks(T, torch_threads, [&](int64_t t) { tile_scalar<F>(p, t); });
 }
 
 }  // namespace
@@ -246,7 +546,8 @@ void dequantize_all(const Dense& p, int64_t isa) {
 namespace kiln {
 
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
-                                int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out) {
+                                int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out,
+                                bool torch_threads) {
   TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_dequantize: unknown format ", fmt);
   const int f = static_cast<int>(fmt);
   const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
@@ -266,9 +567,41 @@ torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& sc
   }
   if (n == 0 || k == 0) return y;
   const Dense p{qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), S, n, k, bf16, y.data_ptr()};
-  if (f == Q4K) dequantize_all<Q4K>(p, level);
-  else if (f == Q5K) dequantize_all<Q5K>(p, level);
-  else dequantize_all<Q6K>(p, level);
+  if (f == Q4K) dequantize_all<Q4K>(p, level, torch_threads);
+  else if (f == Q5K) dequantize_all<Q5K>(p, level, torch_threads);
+  else dequantize_all<Q6K>(p, level, torch_threads);
+  return y;
+}
+
+torch::Tensor kquant_dequantize_t(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
+                                  int64_t k, int64_t k0, int64_t k1, bool bf16, int64_t isa,
+                                  const c10::optional<torch::Tensor>& out, bool torch_threads) {
+  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_dequantize_t: unknown format ", fmt);
+  const int f = static_cast<int>(fmt);
+  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
+  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
+                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
+                    "kquant_dequantize_t: the tiles do not match n = ", n, ", k = ", k);
+  TORCH_CHECK_VALUE(0 <= k0 && k0 <= k1 && k1 <= k && k0 % kSuper == 0 && k1 % kSuper == 0,
+                    "kquant_dequantize_t: columns ", k0, ":", k1, " must be whole superblocks of k = ", k);
+  const int64_t level = resolve_isa(isa, "kiln kquant_dequantize_t");
+  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  torch::Tensor y;
+  if (out.has_value() && out->defined()) {
+    y = *out;
+    TORCH_CHECK_VALUE(y.device().is_cpu() && y.scalar_type() == dtype && y.is_contiguous() &&
+                          y.numel() == (k1 - k0) * n,
+                      "kquant_dequantize_t: out must be a contiguous CPU ", bf16 ? "bfloat16" : "float32",
+                      " tensor of ", (k1 - k0) * n, " values");
+  } else {
+    y = torch::empty({k1 - k0, n}, qs.options().dtype(dtype));
+  }
+  if (n == 0 || k1 == k0) return y;
+  const DenseT p{qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), S, n, k0 / kSuper, k1 / kSuper, bf16,
+                 y.data_ptr()};
+  if (f == Q4K) dequantize_t_all<Q4K>(p, level, torch_threads);
+  else if (f == Q5K) dequantize_t_all<Q5K>(p, level, torch_threads);
+  else dequantize_t_all<Q6K>(p, level, torch_threads);
   return y;
 }
 

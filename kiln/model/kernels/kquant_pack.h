@@ -22,8 +22,17 @@ std::vector<torch::Tensor> kquant_tiles_from_gguf(const torch::Tensor& blocks, i
 // The dense [n, k] weight of kquant tiles (float32, or bfloat16 rounded from it), each value as
 // gguf.quants.dequantize computes it; every ISA gives the same bits. isa: -1 the active one, 0 scalar,
 // 1 avx2, 2 avx512. out: n * k contiguous values of that dtype to write into (a reused buffer spares
-// the fresh pages a new tensor of that size faults in); returned.
+// the fresh pages a new tensor of that size faults in); returned. torch_threads: share the tiles out on
+// torch's intra-op threads (a training step's, whose matmuls run on them between the dequantizations)
+// instead of the kernels' own pool.
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
-                                int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out);
+                                int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out,
+                                bool torch_threads);
+
+// The columns k0:k1 (whole superblocks) of the same weight, transposed: [k1 - k0, n], row i holding
+// column k0 + i of every output row, with kquant_dequantize's values and bits.
+torch::Tensor kquant_dequantize_t(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
+                                  int64_t k, int64_t k0, int64_t k1, bool bf16, int64_t isa,
+                                  const c10::optional<torch::Tensor>& out, bool torch_threads);
 
 }  // namespace kiln

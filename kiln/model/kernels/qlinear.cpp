@@ -1063,7 +1063,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("kquant_dequantize", &kiln::kquant_dequantize, "the dense weight of kquant tiles", py::arg("qs"),
         py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("bf16"), py::arg("isa") = -1,
-        py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
+        py::arg("out") = py::none(), py::arg("torch_threads") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("kquant_dequantize_t", &kiln::kquant_dequantize_t, "columns k0:k1 of kquant tiles' dense weight, transposed",
+        py::arg("qs"), py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("k0"), py::arg("k1"),
+        py::arg("bf16"), py::arg("isa") = -1, py::arg("out") = py::none(), py::arg("torch_threads") = false,
+        py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("quantize_activations_256", &quantize_activations_256, "per-superblock int8 activations (K-quant kernels)",
