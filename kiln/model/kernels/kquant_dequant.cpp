@@ -46,6 +46,22 @@ struct Dense {
 
 // ---------------------------------------------------------------- scalar reference
 
+// Group j's affine map for row r of a tile: a weight is q * a - b, with a0 for its first 16 values and
+// a1 for the rest (Q6_K's two 16-value sub-scales; the others share one scale and subtract a min).
+template <int F>
+inline void group_affine(const uint8_t* sb, int r, int j, float d, float dmin, float& a0, float& a1, float& b) {
+  b = 0.0f;
+  if (F == Q6K) {
+    a0 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j) * 16 + r]));
+    a1 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j + 1) * 16 + r]));
+  } else {
+    int sc, mn;
+    scale_min_scalar(sb, r, j, sc, mn);
+    a0 = a1 = d * static_cast<float>(sc);
+    b = dmin * static_cast<float>(mn);
+  }
+}
+
 template <int F>
 void tile_scalar(const Dense& p, int64_t t) {
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
@@ -58,16 +74,8 @@ void tile_scalar(const Dense& p, int64_t t) {
       const float dmin = F == Q6K ? 0.0f : half_bits_to_float(load_u16(sb + 32 + 2 * r));
       for (int j = 0; j < 8; ++j) {
         const uint8_t* qg = p.qs + (t * S + s) * QS + j * QB;
-        float a0, a1, b = 0.0f;
-        if (F == Q6K) {
-          a0 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j) * 16 + r]));
-          a1 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j + 1) * 16 + r]));
-        } else {
-          int sc, mn;
-          scale_min_scalar(sb, r, j, sc, mn);
-          a0 = a1 = d * static_cast<float>(sc);
-          b = dmin * static_cast<float>(mn);
-        }
+        float a0, a1, b;
+        group_affine<F>(sb, r, j, d, dmin, a0, a1, b);
         float w[kGroup];
         for (int c = 0; c < 4; ++c)
           for (int i = 0; i < 4; ++i) {
@@ -267,16 +275,8 @@ void tile_t_scalar(const DenseT& p, int64_t t, int64_t s) {
     const float dmin = F == Q6K ? 0.0f : half_bits_to_float(load_u16(sb + 32 + 2 * r));
     for (int j = 0; j < 8; ++j) {
       const uint8_t* qg = p.qs + (t * p.S + s) * QS + j * QB;
-      float a0, a1, b = 0.0f;
-      if (F == Q6K) {
-        a0 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j) * 16 + r]));
-        a1 = d * static_cast<float>(static_cast<int8_t>(sb[32 + (2 * j + 1) * 16 + r]));
-      } else {
-        int sc, mn;
-        scale_min_scalar(sb, r, j, sc, mn);
-        a0 = a1 = d * static_cast<float>(sc);
-        b = dmin * static_cast<float>(mn);
-      }
+      float a0, a1, b;
+      group_affine<F>(sb, r, j, d, dmin, a0, a1, b);
       const int64_t k = (s - p.s0) * kSuper + j * kGroup;
       for (int kk = 0; kk < kGroup; ++kk) {
         const int q = code_unsigned(F, qg, r, kk);
