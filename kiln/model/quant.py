@@ -16,7 +16,7 @@ GGUF Q4_1 / Q8_0 repack exactly (same float16 d, m and codes); Q4_0 (d*(q-8)) be
 K-quants ("q4_k", "q5_k", "q6_k": GGUF Q4_K / Q5_K / Q6_K, superblocks of 256 along K) keep their own
 bytes, moved into tiles of 16 rows (kernels/qlinear_kquant.cpp documents the layout) by a fixed byte
 permutation of the 16 rows' superblocks (kiln/model/kquant.py): the same 4.5 / 5.5 / 6.5625 bits a
-weight, multiplied with float activations only.
+weight, multiplied with float activations (`float_act`) or with 8-bit ones per superblock of 256.
 """
 
 from __future__ import annotations

@@ -275,3 +275,62 @@ def test_without_bf16_dot_products_the_backward_keeps_the_row_major_weight(avx2_
     got_y, got_grad = chained_block_products(packed, dense=False)
     want_y, want_grad = chained_block_products(packed, dense=True)
     assert all(torch.equal(a, b) for a, b in zip(got_grad, want_grad, strict=True))
+
+
+def served_block_weights() -> list:
+    """`block_weights` as `--quantization gguf` serves them: with 8-bit activations."""
+    packed = block_weights()
+    for p in packed:
+        p.float_act = False
+    return packed
+
+
+def linear_loss_products(packed: list, dense: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each weight's output and the input gradient of a loss linear in it (so the gradient is grad @ W
+    for the same grad whatever the forward computed)."""
+    ys, grads = [], []
+    for i, p in enumerate(packed):
+        x = torch.randn(5, p.in_features, generator=torch.Generator().manual_seed(i), requires_grad=True)
+        c = torch.randn(5, p.out_features, generator=torch.Generator().manual_seed(10 + i))
+        y = (precision.mixed_linear(x, p.dequantize(torch.bfloat16), None) if dense
+             else precision.block_linear(x, p, None, torch.bfloat16))
+        (y * c).sum().backward()
+        ys.append(y.detach())
+        grads.append(x.grad)
+    return ys, grads
+
+
+@pytest.mark.parametrize("cpu", ["avx2_cpu", "bf16_cpu"])
+def test_blocks_served_with_8_bit_activations_train_through_the_served_product(cpu: str, request) -> None:
+    """Forward: the serving kernel's product (what the server answers with); backward: grad @ W over the
+    dequantized weight, the dense copy's bits."""
+    request.getfixturevalue(cpu)
+    if kernels.load() is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    from kiln.model.quant import quant_linear
+    packed = served_block_weights()
+    got_y, got_grad = linear_loss_products(packed, dense=False)
+    _, want_grad = linear_loss_products(packed, dense=True)
+    for i, (p, y) in enumerate(zip(packed, got_y, strict=True)):
+        x = torch.randn(5, p.in_features, generator=torch.Generator().manual_seed(i))
+        assert torch.equal(y, quant_linear(x, p))
+        with torch.no_grad():   # scoring: the same product without autograd
+            assert torch.equal(precision.block_linear(x, p, None, torch.bfloat16), y)
+    assert all(torch.equal(a, b) for a, b in zip(got_grad, want_grad, strict=True))
+
+
+def test_the_kernels_on_torchs_threads_give_the_pools_bits() -> None:
+    module = kernels.load()
+    if module is None:
+        pytest.skip(f"kernels unavailable: {kernels.load_error()}")
+    from kiln.model.quant import quant_linear
+    x = torch.randn(37, 512, generator=torch.Generator().manual_seed(3))
+    for p in served_block_weights():
+        x_ = x[:, :p.in_features]
+        on_pool = quant_linear(x_, p)
+        was = module.use_torch_threads(True)
+        try:
+            on_torch = quant_linear(x_, p)
+        finally:
+            module.use_torch_threads(was)
+        assert not was and torch.equal(on_pool, on_torch)

@@ -1,6 +1,7 @@
-"""Training over a GGUF served from its quantized blocks holds no dense copy of them, and learns what
-training over the dequantized dense copy learns: the same per-step SFT losses (the frozen weights are
-dequantized where each projection uses them, in forward and backward, to the same values)."""
+"""Training over a GGUF served from its quantized blocks holds no dense copy of them. Served with float
+activations it learns what training over the dequantized dense copy learns: the same per-step SFT
+losses (the frozen weights are dequantized where each projection uses them, in forward and backward,
+to the same values); served with 8-bit activations its forward is the served product, near them."""
 
 from __future__ import annotations
 
@@ -79,3 +80,15 @@ def test_sft_over_weights_dequantized_in_panels_learns_what_the_dense_copy_learn
     assert want[-1] < want[0]
     for a, b in zip(got, want, strict=True):
         assert a == pytest.approx(b, rel=1e-3 if dtype == "bfloat16" else 1e-5)
+
+
+def test_sft_over_blocks_served_with_8_bit_activations_learns_near_the_dense_copy(q4_k_m: Path, work: SftWork) -> None:
+    """`--quantization gguf` trains through the served product: the losses are the dense copy's up to
+    the activations' 8-bit rounding, and the run learns."""
+    blocks, _ = load_model(q4_k_m, quantization="gguf")
+    dense, _ = load_model(q4_k_m, dtype="float32", quantization="none")
+    assert not blocks.model.layers[0].mlp.up_proj.packed.float_act
+    got, want = sft_losses(blocks, work), sft_losses(dense, work)
+    assert got[-1] < got[0]
+    for a, b in zip(got, want, strict=True):
+        assert a == pytest.approx(b, rel=0.02)

@@ -63,6 +63,10 @@ void quantize_activation_rows_256(int64_t isa, const void* x, bool bf16, int64_t
 // spinning workers would compete with the pool's for the same cores.
 void parallel_chunks(int64_t n, void (*fn)(const void*, int64_t), const void* ctx);
 
+// This thread's parallel_chunks run on torch's intra-op threads (at::parallel_for) while `on`; returns the
+// previous setting. The split never changes a result's bits: every chunk computes whole rows.
+bool use_torch_threads(bool on);
+
 template <typename F>
 void parallel_tasks(int64_t n, const F& f) {
   parallel_chunks(n, [](const void* ctx, int64_t c) { (*static_cast<const F*>(ctx))(c); }, &f);
