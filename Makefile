@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: serve test venv lint bench clean browser llamacpp
+.PHONY: serve test venv lint bench clean browser llamacpp bytecode
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,12 +21,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m kiln.model.kernels
 	touch $(STAMP)
 
+# Kiln's own bytecode, written ahead: an environment with PYTHONDONTWRITEBYTECODE set never caches it at
+# import, and compiling ~300 modules cost ~0.3 s of every `kiln serve` start (up to date: ~0.07 s).
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q kiln
+
 venv: $(STAMP)
 
-serve: $(STAMP)
+serve: $(STAMP) bytecode
 	$(BIN)/kiln serve $(ARGS)
 
-test: $(STAMP) browser llamacpp
+test: $(STAMP) bytecode browser llamacpp
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # Debian's chromium and its driver for the dashboard's browser test (tests/e2e/test_ui_browser.py):
@@ -57,7 +62,7 @@ llamacpp: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check kiln tests benchmarks
 
-bench: $(STAMP)
+bench: $(STAMP) bytecode
 	$(BIN)/kiln bench $(ARGS)
 
 clean:

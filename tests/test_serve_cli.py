@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import threading
 import time
 from types import SimpleNamespace
@@ -135,6 +136,23 @@ def test_the_model_loads_while_the_server_is_built_and_is_published_once_it_exis
     engine.shutdown()
     load.thread.join(5)
     assert not load.thread.is_alive()
+
+
+def test_the_collector_off_during_start_up_runs_again_once_the_engine_is_published():
+    engine = _Engine()
+    gc.disable()   # as `kiln serve` starts
+    try:
+        load = serve._BackgroundLoad(lambda cancel: engine)
+        load.hand_over(_Built(), SimpleNamespace(should_exit=False))
+        deadline = time.monotonic() + 5
+        while not gc.isenabled() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        engine.shutdown()
+        load.stop()
 
 
 def test_a_failed_load_stops_the_server_and_says_why(capsys):
