@@ -10,7 +10,7 @@ from rich.table import Table
 
 from kiln.bench.results import KILN, BenchResult, Row
 from kiln.bench.stats import format_ratio, format_value
-from kiln.bench.targets import MET, MISSED, evaluate_targets
+from kiln.bench.targets import MET, MISSED, evaluate_targets, targets_title
 from kiln.store.atomic import atomic_write_text
 
 RATIO_NOTE = ("Each \"kiln ... / llama-server ...\" column: how many times better that Kiln engine is than "
@@ -94,7 +94,7 @@ def render_markdown(result: BenchResult) -> str:
         if cells[0]:
             cells[0] = f"**{cells[0]}**"
         out.append("| " + " | ".join(map(_md, cells)) + " |")
-    out += ["", "## Targets", "", "| target | requirement | measured | status |", "| --- | --- | --- | --- |"]
+    out += ["", f"## {targets_title(result)}", "", "| target | requirement | measured | status |", "| --- | --- | --- | --- |"]
     for target, outcome in evaluate_targets(result):
         out.append(f"| {_md(target.name)} | {_md(target.requirement)} | {_md(outcome.measured)} | "
                    f"{_status_mark(outcome.status)} |")
@@ -123,7 +123,7 @@ def print_report(result: BenchResult, console: Console) -> None:
     for cells in _table_rows(result):
         table.add_row(*map(escape, cells))
     console.print(table)
-    targets = Table(title="Targets")
+    targets = Table(title=targets_title(result))
     for col in ("target", "requirement", "measured", "status"):
         targets.add_column(col)
     for target, outcome in evaluate_targets(result):

@@ -68,6 +68,7 @@ class BenchResult:
     complete: bool = True        # False while engines remain: a checkpoint of a run still going
     engine_order: list[str] = field(default_factory=list)      # table columns, in the order engines ran
     comparisons: list[Comparison] = field(default_factory=list)
+    model_parameters: int | None = None   # the benched model's weights' element count, when readable
 
     def record(self, spec: MetricSpec, engine: str, value: float | None, comparable: bool = True) -> None:
         """`comparable=False`: the engine's figure is shown, but Kiln's is not given as a ratio to it."""

@@ -9,6 +9,7 @@ from kiln.bench import llama_server
 from kiln.bench.engines import BenchEngine, KilnServerEngine, Unsupported
 from kiln.bench.machine import collect_machine_info
 from kiln.bench.measurements import BenchContext, Measurement, select_measurements
+from kiln.bench.model_size import describe_parameters, parameter_count
 from kiln.bench.options import BenchOptions
 from kiln.bench.prompts import PromptFactory
 from kiln.bench.reference_hf import TransformersEngine
@@ -107,7 +108,10 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print,
     it measured."""
     check_model_path(options.model_path)
     measurements = select_measurements(options.only)
-    result = BenchResult(machine=collect_machine_info(options.threads), options=options.describe())
+    result = BenchResult(machine=collect_machine_info(options.threads), options=options.describe(),
+                         model_parameters=parameter_count(options.model_path))
+    if result.model_parameters is not None:
+        result.options["model parameters"] = describe_parameters(result.model_parameters)
     prompts = PromptFactory.for_model(options.model_path)
     ctx = BenchContext(options=options, result=result, prompts=prompts, log=log)
     if engines is None:

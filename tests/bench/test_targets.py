@@ -102,3 +102,36 @@ def test_itl_while_training_target_is_five_times_at_most(result):
     assert outcomes(result)[name].status == MISSED
     result.record(TRAINING_ITL_RATIO, KILN_DEFAULT, 4.9)
     assert outcomes(result)[name].status == MET
+
+
+def test_a_real_size_model_is_held_to_the_real_size_targets(result):
+    """At 0.5B parameters and more: decode >= 1.0x with either weights, prefill >= 2x, a 300 ms gap."""
+    result.model_parameters = 1_240_000_000
+    result.record(decode_spec(100), KILN_GGUF, 31.0)   # llama-server: 30
+    result.record(decode_spec(500), KILN_GGUF, 26.0)   # llama-server: 25
+    result.record(ITL_MAX, KILN_GGUF, 280.0)
+    o = outcomes(result)
+    assert o["single-stream decode, gguf (avx512)"].status == MET
+    assert o["prefill, gguf (avx512)"].status == MET
+    assert o[f"ITL during a long-prompt arrival ({KILN_GGUF})"].status == MET
+    result.record(ITL_MAX, KILN_GGUF, 320.0)
+    assert outcomes(result)[f"ITL during a long-prompt arrival ({KILN_GGUF})"].status == MISSED
+    names = [t.name for t, _ in evaluate_targets(result)]
+    assert "single-stream decode, gguf (avx512)" in names
+
+
+def test_a_small_model_keeps_the_small_model_targets(result):
+    result.model_parameters = 135_000_000
+    result.record(decode_spec(100), KILN_GGUF, 31.0)   # 1.03x: short of 1.5x
+    assert outcomes(result)["single-stream decode, gguf (avx512)"].status == MISSED
+    result.record(ITL_MAX, KILN_GGUF, 280.0)
+    assert outcomes(result)[f"ITL during a long-prompt arrival ({KILN_GGUF})"].status == MISSED
+
+
+def test_the_learning_loop_target_at_1b_is_thirty_seconds_and_none_above_it(result):
+    result.model_parameters = 1_240_000_000
+    result.record(LEARNING_LOOP, KILN_DEFAULT, 28.0)
+    o = outcomes(result)[f"learning loop ({KILN_DEFAULT})"]
+    assert o.status == MET and o.measured == "28.0 s"
+    result.model_parameters = 3_200_000_000
+    assert f"learning loop ({KILN_DEFAULT})" not in outcomes(result)
