@@ -51,25 +51,44 @@ def engine_busy(engine: EngineView) -> bool:
     return bool(s.get("running", 0) or s.get("waiting", 0) or engine.in_flight)
 
 
+# A model this narrow trains on one thread while the server is idle, on a machine of at most
+# SMALL_MODEL_MAX_CORES cores (see CoreShare).
+SMALL_MODEL_HIDDEN = 1024
+SMALL_MODEL_MAX_CORES = 2
+
+
 @dataclass
 class CoreShare:
-    """The training thread's intra-op threads, chosen before each step: all of the process's while the
-    engine is idle, one fewer while it serves. Measured on 2 cores forced to AVX2: a learning-loop step
-    takes ~1.7 s on one thread and ~0.9 s on two; a request arriving mid-step shares the cores until
-    that step ends, and the next step leaves the actor its core."""
+    """The training thread's intra-op threads, chosen before each step: one fewer than the process's
+    while the engine serves (measured on 2 cores forced to AVX2: a learning-loop step takes ~1.7 s on
+    one thread and ~0.9 s on two; a request arriving mid-step shares the cores until that step ends,
+    and the next step leaves the actor its core), and all of them while it is idle -- except for a
+    narrow model on a small machine (`small_model`), which trains on one. The training thread is not
+    the process's first OpenMP thread: with the actor's and the loader's thread teams alive, libgomp
+    manages more threads than there are cores and throttles its workers' spinning to 100 iterations,
+    so every parallel region wakes them from a futex (an elementwise op on 200k floats: 22 us on the
+    main thread, 140 us on a side thread with two threads, 36 us with one; 2-core Zen 4). A step of
+    thousands of small operations (SmolLM2-135M, hidden 576: 0.50 s on two threads, 0.39 s on one)
+    then runs faster on one thread; a step of large products (a 1B model, hidden 2048) on two. The
+    choice depends only on the model and the machine, so a resumed job runs every step on the thread
+    count the uninterrupted one did."""
 
     engine: EngineView
     total: int = _PROCESS_THREADS
     current: int = 0
+    small_model: bool = False
 
     def threads(self) -> int:
-        return max(1, self.total - 1) if engine_busy(self.engine) else self.total
+        if engine_busy(self.engine):
+            return max(1, self.total - 1)
+        if self.small_model and self.total <= SMALL_MODEL_MAX_CORES:
+            return 1
+        return self.total
 
     def __call__(self) -> None:
         n = self.threads()
         if n != self.current:
             torch.set_num_threads(n)  # this thread only
-
             self.current = n
 
 
@@ -118,7 +137,8 @@ def execute(job: TrainJob, plan: TrainingPlan, ctx: JobContext, *, on_update: Ca
     freeze_base(model)
     _trainable_rotary(model)
     param = next(model.parameters())
-    share_cores = CoreShare(ctx.engine) if param.device.type == "cpu" else None
+    share_cores = (CoreShare(ctx.engine, small_model=model.config.hidden_size < SMALL_MODEL_HIDDEN)
+                   if param.device.type == "cpu" else None)
     if share_cores is not None:
         share_cores()
     base_dtype = str(param.dtype).removeprefix("torch.")

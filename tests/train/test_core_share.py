@@ -58,3 +58,14 @@ def test_run_loop_calls_before_step_once_per_step():
                                                                      yield_secs=0),
                        before_step=lambda: calls.append(1))
     assert len(reports) == len(calls) == 6
+
+
+def test_a_narrow_model_trains_on_one_thread_on_a_small_idle_machine():
+    """Off the main thread libgomp's throttled workers make a step of small operations faster on one
+    thread (SmolLM2-135M); a wide model, or a machine with more cores, keeps every thread."""
+    engine = StandInEngine()
+    assert CoreShare(engine, total=2, small_model=True).threads() == 1
+    assert CoreShare(engine, total=2, small_model=False).threads() == 2
+    assert CoreShare(engine, total=8, small_model=True).threads() == 8
+    engine.running = 1
+    assert CoreShare(engine, total=2, small_model=True).threads() == 1
