@@ -541,6 +541,31 @@ void dequantize_all(const Dense& p, int64_t isa, bool torch_threads) {
   run_tasks(T, torch_threads, [&](int64_t t) { tile_scalar<F>(p, t); });
 }
 
+
+// The format of tiles for an [n, k] weight, checked against what the tiles hold.
+int checked_format(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n, int64_t k,
+                   const char* what) {
+  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, what, ": unknown format ", fmt);
+  const int f = static_cast<int>(fmt);
+  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
+  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
+                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
+                    what, ": the tiles do not match n = ", n, ", k = ", k);
+  return f;
+}
+
+// The [rows, cols] result: `out` when given (checked), else a new tensor.
+torch::Tensor output(const torch::Tensor& qs, const c10::optional<torch::Tensor>& out, int64_t rows, int64_t cols,
+                     bool bf16, const char* what) {
+  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  if (!(out.has_value() && out->defined())) return torch::empty({rows, cols}, qs.options().dtype(dtype));
+  const torch::Tensor& y = *out;
+  TORCH_CHECK_VALUE(y.device().is_cpu() && y.scalar_type() == dtype && y.is_contiguous() && y.numel() == rows * cols,
+                    what, ": out must be a contiguous CPU ", bf16 ? "bfloat16" : "float32", " tensor of ",
+                    rows * cols, " values");
+  return y;
+}
+
 }  // namespace
 
 namespace kiln {
@@ -548,23 +573,10 @@ namespace kiln {
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
                                 int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out,
                                 bool torch_threads) {
-  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_dequantize: unknown format ", fmt);
-  const int f = static_cast<int>(fmt);
-  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
-  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
-                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
-                    "kquant_dequantize: the tiles do not match n = ", n, ", k = ", k);
+  const int f = checked_format(qs, scales, fmt, n, k, "kquant_dequantize");
+  const int64_t S = k / kSuper;
   const int64_t level = resolve_isa(isa, "kiln kquant_dequantize");
-  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
-  torch::Tensor y;
-  if (out.has_value() && out->defined()) {
-    y = *out;
-    TORCH_CHECK_VALUE(y.device().is_cpu() && y.scalar_type() == dtype && y.is_contiguous() && y.numel() == n * k,
-                      "kquant_dequantize: out must be a contiguous CPU ", bf16 ? "bfloat16" : "float32",
-                      " tensor of ", n * k, " values");
-  } else {
-    y = torch::empty({n, k}, qs.options().dtype(dtype));
-  }
+  torch::Tensor y = output(qs, out, n, k, bf16, "kquant_dequantize");
   if (n == 0 || k == 0) return y;
   const Dense p{qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), S, n, k, bf16, y.data_ptr()};
   if (f == Q4K) dequantize_all<Q4K>(p, level, torch_threads);
@@ -576,26 +588,12 @@ torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& sc
 torch::Tensor kquant_dequantize_t(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
                                   int64_t k, int64_t k0, int64_t k1, bool bf16, int64_t isa,
                                   const c10::optional<torch::Tensor>& out, bool torch_threads) {
-  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_dequantize_t: unknown format ", fmt);
-  const int f = static_cast<int>(fmt);
-  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
-  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
-                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
-                    "kquant_dequantize_t: the tiles do not match n = ", n, ", k = ", k);
+  const int f = checked_format(qs, scales, fmt, n, k, "kquant_dequantize_t");
+  const int64_t S = k / kSuper;
   TORCH_CHECK_VALUE(0 <= k0 && k0 <= k1 && k1 <= k && k0 % kSuper == 0 && k1 % kSuper == 0,
                     "kquant_dequantize_t: columns ", k0, ":", k1, " must be whole superblocks of k = ", k);
   const int64_t level = resolve_isa(isa, "kiln kquant_dequantize_t");
-  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
-  torch::Tensor y;
-  if (out.has_value() && out->defined()) {
-    y = *out;
-    TORCH_CHECK_VALUE(y.device().is_cpu() && y.scalar_type() == dtype && y.is_contiguous() &&
-                          y.numel() == (k1 - k0) * n,
-                      "kquant_dequantize_t: out must be a contiguous CPU ", bf16 ? "bfloat16" : "float32",
-                      " tensor of ", (k1 - k0) * n, " values");
-  } else {
-    y = torch::empty({k1 - k0, n}, qs.options().dtype(dtype));
-  }
+  torch::Tensor y = output(qs, out, k1 - k0, n, bf16, "kquant_dequantize_t");
   if (n == 0 || k1 == k0) return y;
   const DenseT p{qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), S, n, k0 / kSuper, k1 / kSuper, bf16,
                  y.data_ptr()};
