@@ -325,8 +325,8 @@ def _forward_product(x: Tensor, packed: Any, bias: Tensor | None, dtype: torch.d
 
 
 class _BlockLinear(torch.autograd.Function):
-    """`x @ W.T + b` for a frozen weight held only as quantized blocks (QLoRA's way): the forward is the
-    served product (`block_linear`), the backward multiplies W dequantized into the thread's buffer, and
+    """`x @ W.T + b` for a frozen weight held only as quantized blocks: the forward is the product the
+    server computes (`block_linear`), the backward multiplies W dequantized into the thread's buffer, and
     autograd keeps only the blocks (a reference), so no dense copy of the weight outlives the call."""
 
     @staticmethod
