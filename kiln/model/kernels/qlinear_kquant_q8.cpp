@@ -483,12 +483,11 @@ KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int
   }
 }
 
-// Tiles [t0, t1) for every activation row, in blocks of up to 8 rows (AVX2: 4): one row reads several
-// tiles side by side (independent chains hide the dot products' latency), more rows share each code
-// vector.
+// Tiles [t0, t1) for every activation row, in blocks of up to 8 rows (AVX2: 4): more rows share each
+// code vector.
 template <int F>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
-  float out[4][kMaxMB][kRows];
+  float out[2][kMaxMB][kRows];
   const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
   if constexpr (F == Q6K) {
     if (!vnni && p.M > kPanelMinRows) {   // many row blocks: unpack each tile once for all of them
@@ -507,12 +506,13 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   }
   for (int64_t m0 = 0; m0 < p.M; m0 += block) {
     const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
-    const int want = vnni ? (mb == 1 ? 4 : mb == 2 ? 2 : 1) : 1;
+    // two rows read two tiles side by side; one row reads one tile at a time (four side by side hid the
+    // dot products' latency while the tiles sat in cache, and lost 5-27% once they stream from memory)
+    const int want = vnni && mb == 2 ? 2 : 1;
     for (int64_t t = t0; t < t1;) {
       const int nt = t1 - t >= want ? want : 1;
       if (vnni) {
-        if (nt == 4) tiles_vnni<F, 4, 1>(p, t, m0, out);
-        else if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
+        if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
         else rows_vnni<F>(p, t, m0, mb, out);
       } else {
         if (mb == 1) tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
@@ -561,7 +561,9 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
                   b32.data(), bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(),
                   y.scalar_type() == torch::kBFloat16};
   const bool vnni = level >= ISA_AVX512 && cpu_has_avx512_vnni();
-  const int64_t chunk = kquant_chunk_tiles(T, S * (super_bytes(f) + scale_bytes(f)));
+  const int64_t tile_bytes = S * (super_bytes(f) + scale_bytes(f));
+  const int64_t chunk = M <= (vnni ? kMaxMB : kMaxMBAvx2) ? kquant_stream_chunk_tiles(T, tile_bytes, at::get_num_threads())
+                                                          : kquant_chunk_tiles(T, tile_bytes);
   parallel_tasks((T + chunk - 1) / chunk, [&](int64_t c) {
     const int64_t t0 = c * chunk, t1 = std::min(T, t0 + chunk);
 #ifdef KILN_KQ_X86
