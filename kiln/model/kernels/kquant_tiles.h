@@ -81,17 +81,6 @@ inline int64_t kquant_chunk_tiles(int64_t T, int64_t tile_bytes) {
   return by_size < by_count ? (by_size > 4 ? by_size : 4) : (by_count > 4 ? by_count : 4);
 }
 
-// The chunks of a call whose activations fit one row block (a decode step): every tile is read once,
-// from memory, so nothing is gained by keeping a chunk within L2 and each chunk's start costs a stall
-// while the prefetchers find the new stream. About four chunks a thread: long runs of memory, and still
-// enough of them that the threads finish together (1B Q4_K / Q6_K shapes on two cores, weights far past
-// the L3: 10-27% more GB/s than 64 KB chunks).
-inline int64_t kquant_stream_chunk_tiles(int64_t T, int64_t tile_bytes, int threads) {
-  const int64_t parts = 4 * int64_t{threads > 1 ? threads : 1}, by_count = ((T + parts - 1) / parts + 3) / 4 * 4;
-  const int64_t small = kquant_chunk_tiles(T, tile_bytes);
-  return by_count > small ? by_count : small;
-}
-
 #ifdef KILN_KQ_X86
 #define KILN_KQ_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KILN_KQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))

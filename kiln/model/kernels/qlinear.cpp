@@ -987,7 +987,8 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
   // call waits for).
   thread_local std::vector<int64_t> bounds;
   bounds.assign(1, 0);
-  const int64_t min_chunk = M >= kMaxMB ? 1 : per_chunk;
+  // Fewer rows than a block: each tile is read once, in long runs (stream_chunk_tiles)
+  const int64_t min_chunk = M >= kMaxMB ? 1 : kiln::stream_chunk_tiles(T, threads, 1, per_chunk);
   for (int64_t t = 0; t < T;) {
     const int64_t guided = (T - t) / (2 * threads);
     t = std::min(T, t + std::max(min_chunk, std::min(per_chunk, guided)));

@@ -636,8 +636,11 @@ torch::Tensor qlinear_float_2d(const torch::Tensor& x, const torch::Tensor& qs, 
   const int64_t tile_bytes = G * (qs_group_bytes(kind) + 2 * scale_group_halfs(kind));
   // chunks of 4 tiles (the side-by-side decode's group) for thin weights, fewer for wide ones: enough
   // chunks that the threads finish together (a 576-row projection is 36 tiles)
-  const int64_t per_chunk = std::max<int64_t>(4, std::min<int64_t>(((int64_t{32} << 10) / tile_bytes + 3) / 4 * 4,
-                                                                    (T / 16 + 3) / 4 * 4));
+  // (a call with more rows than one block re-reads each chunk from L2 for every block); a decode call's
+  // chunks are long runs of memory (stream_chunk_tiles)
+  const int64_t small = std::max<int64_t>(4, std::min<int64_t>(((int64_t{32} << 10) / tile_bytes + 3) / 4 * 4,
+                                                               (T / 16 + 3) / 4 * 4));
+  const int64_t per_chunk = M <= kMaxMB ? kiln::stream_chunk_tiles(T, at::get_num_threads(), 4, small) : small;
   const int64_t chunks = (T + per_chunk - 1) / per_chunk;
   kiln::parallel_tasks(chunks, [&](int64_t c) {
     const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);
