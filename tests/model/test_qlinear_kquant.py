@@ -157,6 +157,18 @@ def test_every_code_path_gives_identical_bits(kind: str, acts: str, dtype: torch
 
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_long_rows_read_side_by_side_give_every_code_paths_bits(kind: str, m: int) -> None:
+    # K = 8192 (32 superblocks): one and two rows read several tiles side by side on AVX512-VNNI
+    pw = packed(kind, 88, 8192, "int8")
+    x = activations(m, 8192)
+    alone = torch.cat([quant_linear(x[i: i + 1], pw, isa="scalar") for i in range(m)])
+    for isa in supported_isas():
+        assert torch.equal(quant_linear(x, pw, isa=isa), alone), isa
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("acts", ACTIVATIONS)
 def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind: str, acts: str) -> None:
     pw = packed(kind, 100, 512, acts)

@@ -484,10 +484,10 @@ KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int
 }
 
 // Tiles [t0, t1) for every activation row, in blocks of up to 8 rows (AVX2: 4): more rows share each
-// code vector.
+// code vector; one or two rows may read several tiles side by side.
 template <int F>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
-  float out[2][kMaxMB][kRows];
+  float out[4][kMaxMB][kRows];
   const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
   if constexpr (F == Q6K) {
     if (!vnni && p.M > kPanelMinRows) {   // many row blocks: unpack each tile once for all of them
@@ -506,13 +506,17 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   }
   for (int64_t m0 = 0; m0 < p.M; m0 += block) {
     const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
-    // two rows read two tiles side by side; one row reads one tile at a time (four side by side hid the
-    // dot products' latency while the tiles sat in cache, and lost 5-27% once they stream from memory)
-    const int want = vnni && mb == 2 ? 2 : 1;
+    // One or two rows read long tiles side by side (independent chains hide the dot products' latency),
+    // short ones one at a time, which streams them from memory faster. Weights past the L3, two cores
+    // of a Zen 4: one row, K = 2048 (8 superblocks): one tile 12-27% faster than four, K = 3072 4%,
+    // K = 4096 even, K = 8192 four 0-6% faster; two rows, K = 2048: one tile 14-20% faster than two,
+    // K = 3072-8192 two 7-25% faster.
+    const int want = !vnni ? 1 : mb == 1 ? (p.S >= 32 ? 4 : 1) : mb == 2 ? (p.S > 8 ? 2 : 1) : 1;
     for (int64_t t = t0; t < t1;) {
       const int nt = t1 - t >= want ? want : 1;
       if (vnni) {
-        if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
+        if (nt == 4) tiles_vnni<F, 4, 1>(p, t, m0, out);
+        else if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
         else rows_vnni<F>(p, t, m0, mb, out);
       } else {
         if (mb == 1) tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
