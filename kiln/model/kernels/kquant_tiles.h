@@ -81,6 +81,13 @@ inline int64_t kquant_chunk_tiles(int64_t T, int64_t tile_bytes) {
   return by_size < by_count ? (by_size > 4 ? by_size : 4) : (by_count > 4 ? by_count : 4);
 }
 
+// The chunk of a call with M activation rows whose kernel serves up to `block` rows a pass: rows that fit
+// one block read every tile once, in long runs (kiln::stream_chunk_tiles); more re-read each chunk from L2.
+inline int64_t kquant_call_chunk_tiles(int64_t T, int64_t tile_bytes, int64_t M, int64_t block) {
+  const int64_t small = kquant_chunk_tiles(T, tile_bytes);
+  return M <= block ? kiln::stream_chunk_tiles(T, at::get_num_threads(), 4, small) : small;
+}
+
 #ifdef KILN_KQ_X86
 #define KILN_KQ_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KILN_KQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))

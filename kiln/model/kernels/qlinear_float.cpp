@@ -635,9 +635,8 @@ torch::Tensor qlinear_float_2d(const torch::Tensor& x, const torch::Tensor& qs, 
   // chunks of consecutive tiles (a few KB of weights each, whole groups of 4 for the side-by-side decode)
   const int64_t tile_bytes = G * (qs_group_bytes(kind) + 2 * scale_group_halfs(kind));
   // chunks of 4 tiles (the side-by-side decode's group) for thin weights, fewer for wide ones: enough
-  // chunks that the threads finish together (a 576-row projection is 36 tiles)
-  // (a call with more rows than one block re-reads each chunk from L2 for every block); a decode call's
-  // chunks are long runs of memory (stream_chunk_tiles)
+  // chunks that the threads finish together (a 576-row projection is 36 tiles), small enough that a call
+  // of several row blocks re-reads each from L2; a decode call's are long runs (stream_chunk_tiles)
   const int64_t small = std::max<int64_t>(4, std::min<int64_t>(((int64_t{32} << 10) / tile_bytes + 3) / 4 * 4,
                                                                (T / 16 + 3) / 4 * 4));
   const int64_t per_chunk = M <= kMaxMB ? kiln::stream_chunk_tiles(T, at::get_num_threads(), 4, small) : small;

@@ -474,9 +474,7 @@ torch::Tensor qlinear_kquant_2d(const torch::Tensor& x, const torch::Tensor& qs,
   }
   const Problem p{fmt, M, n, S, qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), xf.data(), xsum.data(),
                   bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(), y.scalar_type() == torch::kBFloat16};
-  const int64_t tile_bytes = S * (super_bytes(f) + scale_bytes(f));
-  const int64_t small = kquant_chunk_tiles(T, tile_bytes);
-  const int64_t per_chunk = M <= kMaxMB ? kiln::stream_chunk_tiles(T, at::get_num_threads(), 4, small) : small;
+  const int64_t per_chunk = kquant_call_chunk_tiles(T, S * (super_bytes(f) + scale_bytes(f)), M, kMaxMB);
   const int64_t chunks = (T + per_chunk - 1) / per_chunk;
   kiln::parallel_tasks(chunks, [&](int64_t c) {
     const int64_t t0 = c * per_chunk, t1 = std::min(T, t0 + per_chunk);

@@ -565,9 +565,8 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
                   b32.data(), bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(),
                   y.scalar_type() == torch::kBFloat16};
   const bool vnni = level >= ISA_AVX512 && cpu_has_avx512_vnni();
-  const int64_t tile_bytes = S * (super_bytes(f) + scale_bytes(f));
-  const int64_t small = kquant_chunk_tiles(T, tile_bytes);
-  const int64_t chunk = M <= (vnni ? kMaxMB : kMaxMBAvx2) ? kiln::stream_chunk_tiles(T, at::get_num_threads(), 4, small) : small;
+  const int64_t chunk =
+      kquant_call_chunk_tiles(T, S * (super_bytes(f) + scale_bytes(f)), M, vnni ? kMaxMB : kMaxMBAvx2);
   parallel_tasks((T + chunk - 1) / chunk, [&](int64_t c) {
     const int64_t t0 = c * chunk, t1 = std::min(T, t0 + chunk);
 #ifdef KILN_KQ_X86
