@@ -2,7 +2,7 @@
 cached, so the bench measures at real sizes without downloading weights.
 
 The F16 file is written by `kiln.bench.synthetic_gguf` (SIZE's body, the embedded tokenizer), then
-llama.cpp's own `llama-quantize` turns it into TYPE (q4_k_m by default; q5_k_m, q6_k, q8_0), with
+llama.cpp's own `llama-quantize` turns it into TYPE (q4_k_m by default; q5_k_m, q6_k, q8_0, iq4_xs, iq4_nl), with
 llama.cpp's per-tensor choices, exactly as a downloaded file was made. Both files are kept in the cache
 directory ($KILN_BENCH_MODELS, else ~/.cache/kiln/bench-models), each written under a temp name and
 renamed when complete (a killed run never leaves a file that looks finished). A file's name carries a
@@ -34,7 +34,8 @@ ENV_QUANTIZE = "KILN_LLAMA_QUANTIZE"
 BINARY = "llama-quantize"
 HARNESS = "kiln-llama-quantize"
 # --synthetic's TYPE -> llama-quantize's type name; f16 is the generator's own file, never quantized
-QUANT_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q8_0": "Q8_0"}
+QUANT_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q8_0": "Q8_0", "iq4_xs": "IQ4_XS",
+               "iq4_nl": "IQ4_NL"}
 TYPES = ("f16", *QUANT_TYPES)
 DEFAULT_TYPE = "q4_k_m"
 BUILD_HINT = ("Build it with the repo's tools/build-llama-server (llama-server and llama-quantize, ~10 min on "

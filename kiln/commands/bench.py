@@ -25,8 +25,8 @@ def register(sub) -> None:
     which.add_argument("--model", help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)")
     which.add_argument("--synthetic", metavar="SIZE[:TYPE]", help="bench a random-weight GGUF with a real model's "
                        "shapes instead of --model: SIZE 0.5b, 1b (Llama 3.2 1B), 3b (Llama 3.2 3B) or 8b (Llama "
-                       "3.1 8B), all with the embedded tokenizer; TYPE q4_k_m (default), q5_k_m, q6_k, q8_0 or "
-                       "f16. The F16 file is written by kiln.bench.synthetic_gguf and turned into TYPE by "
+                       "3.1 8B), all with the embedded tokenizer; TYPE q4_k_m (default), q5_k_m, q6_k, q8_0, "
+                       "iq4_xs, iq4_nl or f16. The F16 file is written by kiln.bench.synthetic_gguf and turned into TYPE by "
                        "llama.cpp's own llama-quantize (taken beside the llama-server the bench uses, or built "
                        "by --build-llama-server), then benched exactly as --model PATH would be. Both files are "
                        "cached under $KILN_BENCH_MODELS or ~/.cache/kiln/bench-models (an 8b F16 file is 16 GB)")

@@ -22,6 +22,8 @@ from kiln.model.quant import (
     TILE_ROWS,
     PackedWeight,
     blocks_placeholder,
+    pack_iq4_nl_from_gguf,
+    pack_iq4_xs_from_gguf,
     pack_q4_0_from_gguf,
     pack_q4_1_from_gguf,
     pack_q8_0_from_gguf,
@@ -31,8 +33,9 @@ Q = GGMLQuantizationType
 # Q5_0 / Q5_1: llama-quantize's fallback for a Q4_K / Q5_K tensor whose rows are not whole superblocks of
 # 256 (every K=576 projection of SmolLM2-135M's Q4_K_M / Q5_K_M): dequantized at load, served dense.
 # IQ4_NL / IQ4_XS (4-bit codes through a fixed non-linear table; IQ4_XS falls back to IQ4_NL where K is
-# not whole superblocks): no kernel takes their blocks, so they are dequantized at load and served dense
-# too, and the startup log's "weights served" line says so per type
+# not whole superblocks): no kernel reads their codes through the table, so the blocks serving them
+# become q8_0 tiles of the table's int8 values (kiln.model.quant: IQ4_NL exactly, IQ4_XS with each group's
+# scale in float16); the startup log's "weights served" line says so per type
 SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                     Q.IQ4_NL, Q.IQ4_XS)
 
@@ -94,7 +97,7 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
     repacked bit-exactly for the quantized kernels (kiln.model.quant), and Q4_K / Q5_K / Q6_K ones
     (whole superblocks of 256 along K) keep their blocks as tiles (kiln.model.kquant), under their
-    HF names (K-quants only with `kquants`). With `blocks_only`, a tensor so packed is not dequantized
+    HF names (K-quants only with `kquants`, as IQ4_NL / IQ4_XS ones, which become q8_0 tiles). With `blocks_only`, a tensor so packed is not dequantized
     at all: its entry in the returned tensors is a `blocks_placeholder` of its shape, holding no memory
     (the blocks, read from the file's mapping, are the only copy). With `types` (a dict to fill): each
     HF-named tensor's GGUF type ("Q4_K", "F32", ...). `cancel`: checked between tensors (`check_cancel`).
@@ -188,7 +191,7 @@ def _load_tensor(t: GGUFTensor, config: ModelConfig, tensors: dict[str, Tensor],
         types[name] = t.qtype.name
     pw = None
     if packed is not None and len(t.shape) == 2:
-        pw = pack_gguf_tensor(t, heads, slot) if kquants or t.qtype not in _K_KINDS else None
+        pw = pack_gguf_tensor(t, heads, slot) if kquants or t.qtype not in _SERVING_ONLY else None
         if pw is not None:
             packed[name] = pw
     if pw is not None and blocks_only:
@@ -202,8 +205,11 @@ def _load_tensor(t: GGUFTensor, config: ModelConfig, tensors: dict[str, Tensor],
     return config
 
 
-_PACKERS = {Q.Q4_0: pack_q4_0_from_gguf, Q.Q4_1: pack_q4_1_from_gguf, Q.Q8_0: pack_q8_0_from_gguf}
+_PACKERS = {Q.Q4_0: pack_q4_0_from_gguf, Q.Q4_1: pack_q4_1_from_gguf, Q.Q8_0: pack_q8_0_from_gguf,
+            Q.IQ4_NL: pack_iq4_nl_from_gguf, Q.IQ4_XS: pack_iq4_xs_from_gguf}
 _K_KINDS = {Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k"}
+# blocks packed only to be served from (`kquants`): decode's dense bfloat16 codes rebuild none of them
+_SERVING_ONLY = frozenset({*_K_KINDS, Q.IQ4_NL, Q.IQ4_XS})
 
 
 def pack_gguf_tensor(t: GGUFTensor, heads: int | None = None,
@@ -218,7 +224,12 @@ def pack_gguf_tensor(t: GGUFTensor, heads: int | None = None,
         return kquant.pack_from_gguf(_K_KINDS[t.qtype], t.data, t.shape, rows, out=slot)
     if t.qtype not in _PACKERS:
         return None
-    pw = _PACKERS[t.qtype](t.data, t.shape)
+    try:
+        pw = _PACKERS[t.qtype](t.data, t.shape)
+    except ValueError:
+        if t.qtype != Q.IQ4_XS:
+            raise
+        return None   # a group scale past float16's range: served dense
     return pw if rows is None else pw.select_rows(rows)
 
 

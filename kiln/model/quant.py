@@ -340,15 +340,19 @@ def _gguf_blocks(data: GGUFData, shape: Sequence[int], block_bytes: int, name: s
     n, k = int(shape[0]), int(shape[1])
     if k % GROUP:
         raise ValueError(f"{name}: in_features {k} is not a multiple of {GROUP}")
+    return _gguf_raw(data, n * (k // GROUP) * block_bytes, name, (n, k)).view(-1, block_bytes), n, k
+
+
+def _gguf_raw(data: GGUFData, expected: int, name: str, shape: tuple[int, int]) -> Tensor:
+    """A tensor's block bytes as an owned uint8 tensor, checked to be `expected` bytes long."""
     if isinstance(data, Tensor):
         raw = data.detach().cpu().contiguous().view(torch.uint8).reshape(-1).clone()
     else:
         arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
         raw = torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True).reshape(-1))
-    expected = n * (k // GROUP) * block_bytes
     if raw.numel() != expected:
-        raise ValueError(f"{name}: {raw.numel()} bytes for shape {(n, k)}, expected {expected}")
-    return raw.view(-1, block_bytes), n, k
+        raise ValueError(f"{name}: {raw.numel()} bytes for shape {shape}, expected {expected}")
+    return raw
 
 
 def _f16(blocks: Tensor, start: int) -> Tensor:
@@ -376,6 +380,60 @@ def pack_q8_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
     """GGUF Q8_0 blocks (d f16, 32 int8) of a `[N, K]` tensor; dequantizes bit-identically."""
     b, n, k = _gguf_blocks(data, shape, 34, "Q8_0")
     return _tile_blocks("q8_0", k, (b[:, 2:] ^ 0x80).reshape(n, -1, 32), _f16(b, 0).view(n, -1), None)
+
+
+# IQ4_NL / IQ4_XS: a 4-bit code stands for one of these 16 int8 values (llama.cpp's kvalues_iq4nl), times
+# its group's scale. No kernel reads the codes through the table; the values are whole int8s, so q8_0
+# tiles hold them as they are (at 8.5 bits a weight instead of 4.5 / 4.25, a third less than bfloat16's).
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_IQ4_BYTES = torch.tensor(IQ4_VALUES, dtype=torch.int16).add(128).to(torch.uint8)   # as q8_0 tiles store them
+_IQ4_GROUPS_AT_ONCE = 1 << 16   # groups looked up a time: the int64 index stays ~16 MB
+
+
+def _iq4_q8_bytes(nibbles: Tensor) -> Tensor:
+    """Groups of 16 IQ4 bytes `[..., 16]` (byte j: code j in the low nibble, code j + 16 in the high one,
+    as in GGUF) as q8_0 tile bytes `[..., 32]` (value + 128)."""
+    flat = nibbles.reshape(-1, 16)
+    out = torch.empty(flat.shape[0], 32, dtype=torch.uint8)
+    for g0 in range(0, flat.shape[0], _IQ4_GROUPS_AT_ONCE):
+        part = flat[g0:g0 + _IQ4_GROUPS_AT_ONCE]
+        out[g0:g0 + part.shape[0], :16] = _IQ4_BYTES[(part & 0xF).long()]
+        out[g0:g0 + part.shape[0], 16:] = _IQ4_BYTES[(part >> 4).long()]
+    return out.view(*nibbles.shape[:-1], 32)
+
+
+def pack_iq4_nl_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
+    """GGUF IQ4_NL blocks (d f16, 16 bytes of codes; value d * IQ4_VALUES[code]) as q8_0 tiles: the same
+    float16 d and the table's int8 values, so they dequantize bit-identically."""
+    b, n, k = _gguf_blocks(data, shape, 18, "IQ4_NL")
+    return _tile_blocks("q8_0", k, _iq4_q8_bytes(b[:, 2:].reshape(n, -1, 16)), _f16(b, 0).view(n, -1), None)
+
+
+IQ4_XS_SUPER = 256   # values a superblock of IQ4_XS: d f16, 2 + 4 bytes of 6-bit group scales, 128 of codes
+IQ4_XS_BYTES = 136
+
+
+def pack_iq4_xs_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
+    """GGUF IQ4_XS superblocks as q8_0 tiles. Group j (32 values) of a superblock is d * (ls_j - 32) *
+    IQ4_VALUES[code] with a 6-bit ls_j; a q8_0 group keeps the table's int8 values and the float16 of
+    d * (ls_j - 32), which float16 holds exactly only when that product has at most 11 significant bits:
+    otherwise it is rounded to the nearest (at most 2^-11 of the scale; serving the dense bfloat16 weight
+    instead rounds every value by up to 2^-8). ValueError if a scale overflows float16."""
+    if len(shape) != 2:
+        raise ValueError(f"IQ4_XS: expected a 2-D shape (out, in), got {tuple(shape)}")
+    n, k = int(shape[0]), int(shape[1])
+    if k % IQ4_XS_SUPER:
+        raise ValueError(f"IQ4_XS: in_features {k} is not a multiple of {IQ4_XS_SUPER}")
+    b = _gguf_raw(data, n * (k // IQ4_XS_SUPER) * IQ4_XS_BYTES, "IQ4_XS", (n, k)).view(-1, IQ4_XS_BYTES)
+    d = _f16(b, 0).float()
+    high = b[:, 2].int() | (b[:, 3].int() << 8)
+    low = b[:, 4:8].int()
+    j = torch.arange(8)
+    ls = ((low[:, j // 2] >> (4 * (j % 2))) & 0xF) | (((high[:, None] >> (2 * j)) & 3) << 4)
+    scales = (d[:, None] * (ls - 32).float()).half()
+    _check_scales(scales)
+    codes = _iq4_q8_bytes(b[:, 8:].reshape(-1, 8, 16))
+    return _tile_blocks("q8_0", k, codes.view(n, -1, 32), scales.view(n, -1), None)
 
 
 # ---------------------------------------------------------------- matmul

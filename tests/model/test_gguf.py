@@ -145,7 +145,8 @@ def test_q8_0_gguf_dequantizes_and_unpermutes(tmp_path: Path, llama_hf: torch.nn
     torch.testing.assert_close(ours, ref, atol=0.1, rtol=0.05)
 
 
-def test_iq4_nl_gguf_dequantizes_unpermutes_and_serves_dense(tmp_path: Path, llama_hf: torch.nn.Module) -> None:
+def test_iq4_nl_gguf_dequantizes_unpermutes_and_serves_q8_0_tiles_of_its_values(
+        tmp_path: Path, llama_hf: torch.nn.Module) -> None:
     path = tmp_path / "tiny-iq4_nl.gguf"
     write_llama_gguf(path, llama_hf, Q.IQ4_NL)
     loaded = load_weights(path, "float32")
@@ -154,13 +155,16 @@ def test_iq4_nl_gguf_dequantizes_unpermutes_and_serves_dense(tmp_path: Path, lla
     roundtrip = dequantize(quantize_iq4_nl(q), Q.IQ4_NL)  # row order does not change IQ4_NL blocks
     got = loaded.tensors["model.layers.1.self_attn.q_proj.weight"]
     torch.testing.assert_close(got, torch.from_numpy(roundtrip), atol=0, rtol=0)
-    # no kernel takes its blocks: every mode serves the dequantized weights, and says so
-    for quantization in ("auto", "gguf-float"):
+    # served from its blocks as q8_0 tiles of the table's values (the same weights), and the log says so;
+    # "none" serves the dequantized weights dense
+    for quantization, words in (("gguf-float", "its blocks as q8_0 tiles (the same values), float32"),
+                                ("gguf", "its blocks as q8_0 tiles (the same values), 8-bit"), ("none", "dense")):
         model, weights = load_model(path, quantization=quantization)
-        assert "IQ4_NL x" in weights.served
-        for part in weights.served.split("; "):
-            if part.startswith("IQ4_NL x"):
-                assert ": dense " in part and "blocks" not in part, part
+        parts = [p for p in weights.served.split("; ") if p.startswith("IQ4_NL x")]
+        assert parts and all(words in p for p in parts), weights.served
+        if quantization != "none":
+            proj = model.get_submodule("model.layers.1.self_attn.q_proj")
+            assert torch.equal(proj.packed.dequantize(), got)
     # the logits are the HF model's with every quantized weight replaced by its dequantization
     reference = copy.deepcopy(llama_hf)
     with torch.no_grad():

@@ -17,9 +17,12 @@ from gguf.quants import dequantize, quantize
 
 from kiln.model import kernels, quant
 from kiln.model.quant import (
+    IQ4_XS_BYTES,
     PackedWeight,
     concat_packed,
     kernels_available,
+    pack_iq4_nl_from_gguf,
+    pack_iq4_xs_from_gguf,
     pack_q4_0_from_gguf,
     pack_q4_1,
     pack_q4_1_from_gguf,
@@ -85,6 +88,44 @@ def test_gguf_q8_0_repacks_bit_exactly(shape: tuple[int, int]) -> None:
     packed = pack_q8_0_from_gguf(torch.from_numpy(blocks), shape)
     assert packed.kind == "q8_0"
     assert same_bits(packed.dequantize(), torch.from_numpy(dequantize(blocks, Q.Q8_0)))
+
+
+def iq4_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random IQ4_NL (18 bytes a block of 32) or IQ4_XS (136 a superblock of 256) blocks with float16 scales
+    of a real layer's size: every code, every 6-bit group scale."""
+    rng = np.random.default_rng(seed)
+    per, size, amp = (32, 18, 0.02) if kind == "iq4_nl" else (256, IQ4_XS_BYTES, 0.002)
+    b = rng.integers(0, 256, size=(n * k // per, size), dtype=np.uint8)
+    b[:, :2] = rng.uniform(-amp, amp, b.shape[0]).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return b.reshape(-1)
+
+
+@pytest.mark.parametrize("shape", [(48, 512), (19, 1536)])
+def test_gguf_iq4_nl_becomes_q8_0_tiles_of_the_same_values(shape: tuple[int, int]) -> None:
+    blocks = iq4_blocks("iq4_nl", *shape)
+    packed = pack_iq4_nl_from_gguf(blocks, shape)
+    assert packed.kind == "q8_0"
+    assert same_bits(packed.dequantize(), torch.from_numpy(dequantize(blocks, Q.IQ4_NL)).view(shape))
+
+
+@pytest.mark.parametrize("shape", [(48, 512), (19, 1536)])
+def test_gguf_iq4_xs_becomes_q8_0_tiles_with_group_scales_in_float16(shape: tuple[int, int]) -> None:
+    blocks = iq4_blocks("iq4_xs", *shape)
+    packed = pack_iq4_xs_from_gguf(torch.from_numpy(blocks), shape)
+    assert packed.kind == "q8_0"
+    got, ref = packed.dequantize(), torch.from_numpy(dequantize(blocks, Q.IQ4_XS)).view(shape)
+    # d * (ls - 32) rounded to float16: within half its last place, 2^-11 of it; exact where it fits
+    nonzero = ref != 0
+    assert ((got - ref).abs()[nonzero] <= ref.abs()[nonzero] * 2.0 ** -11).all()
+    assert torch.equal(got == 0, ~nonzero)
+    assert (got == ref).float().mean() > 0.1
+
+
+def test_gguf_iq4_xs_rows_must_be_whole_superblocks() -> None:
+    with pytest.raises(ValueError, match="multiple of 256"):
+        pack_iq4_xs_from_gguf(b"\0" * IQ4_XS_BYTES, (1, 224))
+    with pytest.raises(ValueError, match="expected"):
+        pack_iq4_xs_from_gguf(iq4_blocks("iq4_xs", 2, 256), (3, 256))
 
 
 def test_gguf_data_of_the_wrong_size_is_rejected() -> None:
