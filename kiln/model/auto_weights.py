@@ -22,10 +22,9 @@ The rule, by bytes moved per token:
   - anywhere else the kernels run (AVX2; Intel's AVX512-BF16, whose vdpbf16ps has half its FMAs'
     rate): the blocks with float32 activations ("gguf-float", the dequantized weights' answers from a
     third of bfloat16's bytes).
-- projections mostly IQ4_NL / IQ4_XS blocks: served as q8_0 tiles of their table's int8 values (no
-  kernel reads their codes through the table; a third of bfloat16's bytes), as Q8_0 blocks would be, but
-  never dense where the Q4_0/Q4_1/Q8_0 rule would keep a small model dense: decode's bfloat16 codes
-  cannot rebuild them.
+- projections mostly IQ4_NL / IQ4_XS blocks: their blocks with 8-bit activations ("gguf") on every CPU,
+  as for K-quants: the kernel reads their 4-bit codes through IQ4's table; float32 activations would
+  multiply q8_0 tiles of the same values (twice the bytes), dense bfloat16 3.5x.
 - anything else (F16/F32 files): the dense weights.
 """
 
@@ -51,7 +50,7 @@ class AutoFacts:
     kquant_elements: int        # of which stored as Q4_K / Q5_K / Q6_K
     packable_elements: int      # of which in a block type the kernels take (K-quants included)
     dense_bytes: int            # every tensor of the file in bfloat16
-    transcoded_elements: int = 0   # of the packable ones, IQ4_NL / IQ4_XS (served as q8_0 tiles)
+    iq4_elements: int = 0       # of which stored as IQ4_NL / IQ4_XS
 
 
 @dataclass(frozen=True)
@@ -71,15 +70,18 @@ def choose(f: AutoFacts) -> AutoChoice:
             "bfloat16 cannot be rebuilt from them and would stream 3-4x their bytes a decode step, and float32 "
             "activations are compute-bound; --quantization gguf-float keeps the blocks with float32 activations "
             "(the dequantized model's answers), none serves dense bfloat16"))
+    if total and f.iq4_elements * 2 >= total:
+        return AutoChoice("gguf", (
+            "auto serves the GGUF's IQ4_NL/IQ4_XS blocks with 8-bit activations (gguf, llama.cpp's arithmetic): the "
+            "kernels read their 4-bit codes through IQ4's table; --quantization gguf-float multiplies q8_0 tiles of "
+            "the same values with float32 activations (twice the bytes), none serves dense bfloat16"))
     # most of the layers' weights in blocks the kernels take (a projection whose K is not whole groups of
     # 32 stays dense, as GGUF writers store it unquantized)
     if not (total and f.packable_elements * 2 >= total):
         return AutoChoice("none", None)
     mb = f.dense_bytes / (1 << 20)
     limit = DENSE_MAX_BYTES >> 20
-    iq4 = f.transcoded_elements * 2 >= total
-    blocks = "IQ4_NL/IQ4_XS blocks (as q8_0 tiles of their values)" if iq4 else "Q4_0/Q4_1/Q8_0 blocks"
-    if f.bf16_wins and f.dense_bytes <= DENSE_MAX_BYTES and not iq4:
+    if f.bf16_wins and f.dense_bytes <= DENSE_MAX_BYTES:
         return AutoChoice("none", (
             f"auto serves dense bfloat16 (decode rebuilds Q4_0/Q4_1/Q8_0 weights from their blocks): this CPU's "
             f"vdpbf16ps outpaces its float32 FMAs and the dense copy is small ({mb:.0f} MB, at most {limit} MB: a "
@@ -87,7 +89,7 @@ def choose(f: AutoFacts) -> AutoChoice:
             f"only the blocks with float32 activations, gguf with 8-bit ones"))
     if f.bf16_wins:
         return AutoChoice("gguf", (
-            f"auto serves the GGUF's {blocks} with 8-bit activations (gguf, llama.cpp's arithmetic) "
+            f"auto serves the GGUF's Q4_0/Q4_1/Q8_0 blocks with 8-bit activations (gguf, llama.cpp's arithmetic) "
             f"and keeps no dense copy: one in bfloat16 would take {mb:.0f} MB (over {limit} MB) and a decode step "
             f"would stream the blocks' bytes anyway; --quantization gguf-float keeps the blocks with float32 "
             f"activations (the dequantized model's answers), none serves dense bfloat16"))

@@ -84,7 +84,7 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
     `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
-    Q4_K/Q5_K/Q6_K ones (and IQ4_NL/IQ4_XS ones, as q8_0 tiles) unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
+    Q4_K/Q5_K/Q6_K and IQ4_NL/IQ4_XS ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
     dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`). `cancel`: stops the
     load between tensors (LoadCancelled) once set. `on_metadata`: a GGUF's key/values as soon as they are
     read (`load_gguf`)."""
@@ -105,10 +105,10 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
 
 
 QUANTIZATIONS = ("auto", "none", "gguf", "gguf-float", "q8_0", "q4_1")
-# GGUF block types the CPU kernels multiply with (IQ4_NL / IQ4_XS as q8_0 tiles of their table's values)
+# GGUF block types the CPU kernels multiply with
 PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
-# ... those of them whose blocks become q8_0 tiles, and how exactly (the startup log's words)
-TRANSCODED_GGUF_TYPES = {"IQ4_NL": "the same values", "IQ4_XS": "each group's scale rounded to float16"}
+# IQ4 blocks: iq4_nl tiles with 8-bit activations, q8_0 tiles of their values with float ones; how exactly
+IQ4_GGUF_TYPES = {"IQ4_NL": "", "IQ4_XS": " (each group's scale rounded to float16)"}
 # K-quant blocks (served from their blocks with float activations only; the dense kernel's codes
 # cannot rebuild them, so dense bfloat16 streams 3-4x their bytes every decode step)
 KQUANT_GGUF_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})
@@ -135,7 +135,7 @@ def auto_facts(path: str | Path, device: torch.device | str = "cpu") -> AutoFact
     # (_bf16_decode_wins first: it loads the kernels, so a failed build reads as no kernels below)
     bf16_wins = on_cpu and is_gguf and _bf16_decode_wins()
     run = on_cpu and is_gguf and kernels.dense_bf16_fast()
-    packable = kquants = transcoded = total = every = 0
+    packable = kquants = iq4 = total = every = 0
     for t in read_gguf_tensor_infos(p) if run else ():
         n = math.prod(t.shape)
         every += n
@@ -143,11 +143,11 @@ def auto_facts(path: str | Path, device: torch.device | str = "cpu") -> AutoFact
             total += n
             packable += n if t.qtype.name in PACKABLE_GGUF_TYPES else 0
             kquants += n if t.qtype.name in KQUANT_GGUF_TYPES else 0
-            transcoded += n if t.qtype.name in TRANSCODED_GGUF_TYPES else 0
+            iq4 += n if t.qtype.name in IQ4_GGUF_TYPES else 0
     return AutoFacts(on_cpu=on_cpu, is_gguf=is_gguf, kernels=run, bf16_wins=bf16_wins,
                      isa=kernels.active_isa() if run else "scalar", projection_elements=total,
                      kquant_elements=kquants, packable_elements=packable, dense_bytes=every * 2,
-                     transcoded_elements=transcoded)
+                     iq4_elements=iq4)
 
 
 def _bf16_decode_wins() -> bool:
@@ -165,8 +165,8 @@ def load_model(
 
     `quantization` picks the weights the serving (paged) path multiplies with: "auto" (what `kiln serve`
     does by default) resolves by `resolve_quantization`; "none" the dense ones;
-    "gguf" a GGUF's own Q4_0/Q4_1/Q8_0 blocks, repacked exactly, IQ4_NL/IQ4_XS ones as q8_0 tiles (CPU
-    only; the dense path stays for training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
+    "gguf" a GGUF's own Q4_0/Q4_1/Q8_0/IQ4_NL blocks, repacked exactly (IQ4_XS: iq4_nl tiles) (CPU only;
+    the dense path stays for training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
     the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
     (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations are quantized to 8 bits per
     group of 32 (K-quant weights: per superblock of 256; as llama.cpp does), so logits differ slightly
@@ -206,6 +206,8 @@ def load_model(
     if quantization in ("q8_0", "q4_1") and on_cpu:
         weights.packed = quantize_projections(weights.tensors, quantization)
     if weights.packed:
+        if quantization == "gguf-float":   # no float kernel reads codes through IQ4's table
+            weights.packed = {name: pw.as_q8_0() for name, pw in weights.packed.items()}
         for pw in weights.packed.values():
             pw.float_act = quantization == "gguf-float"
         _tie_head(weights.packed, weights.config.tie_word_embeddings)
@@ -281,8 +283,8 @@ def describe_served_weights(types: dict[str, str], served: dict[str, str]) -> st
     counts: dict[tuple[str, str], int] = {}
     for name, how in served.items():
         kind = types.get(name, "tied to token_embd" if name == "lm_head.weight" else "?")
-        if kind in TRANSCODED_GGUF_TYPES and how.startswith("its blocks as q8_0"):
-            how = how.replace("its blocks as q8_0", f"its blocks as q8_0 tiles ({TRANSCODED_GGUF_TYPES[kind]})")
+        if kind in IQ4_GGUF_TYPES and how.startswith("its blocks as"):
+            how = how.replace("as q8_0", "as q8_0 tiles of their values").replace(",", IQ4_GGUF_TYPES[kind] + ",", 1)
         key = (kind, how)
         counts[key] = counts.get(key, 0) + 1
     return "; ".join(f"{t} x{n}: {how}" for (t, how), n in sorted(counts.items()))

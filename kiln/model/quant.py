@@ -11,7 +11,10 @@ Tiled layout (N padded to tiles of 16 output rows; G = ceil(K / 32) groups; r = 
   the 16 rows' d, then their m.
 - q8_0 (value = d*q, q in -128..127): `qs` uint8 `[T, G, 512]`, byte `c*64 + r*4 + i` = q[r, 4c+i] + 128;
   `scales` float16 `[T, G, 16]`.
-GGUF Q4_1 / Q8_0 repack exactly (same float16 d, m and codes); Q4_0 (d*(q-8)) becomes d, m = -8d.
+- iq4_nl (value = d*IQ4_VALUES[q], q in 0..15): q4_1's `qs`, q8_0's `scales`; 8-bit activations only (the
+  kernel looks each code up and goes on as for q8_0); `as_q8_0` gives the same values as q8_0 tiles.
+GGUF Q4_1 / Q8_0 / IQ4_NL repack exactly (same float16 d, m and codes); Q4_0 (d*(q-8)) becomes d, m = -8d;
+IQ4_XS becomes iq4_nl with each group's scale d*(ls-32) in float16.
 
 K-quants ("q4_k", "q5_k", "q6_k": GGUF Q4_K / Q5_K / Q6_K, superblocks of 256 along K) keep their own
 bytes, moved into tiles of 16 rows (kernels/qlinear_kquant.cpp documents the layout) by a fixed byte
@@ -32,12 +35,16 @@ from torch import Tensor
 
 from kiln.model import kernels
 
-Kind = Literal["q4_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+Kind = Literal["q4_1", "q8_0", "iq4_nl", "q4_k", "q5_k", "q6_k"]
 GROUP = 32
 TILE_ROWS = 16
-_KIND_IDS = {"q4_1": 0, "q8_0": 1, "q4_k": 0, "q5_k": 1, "q6_k": 2}
+_KIND_IDS = {"q4_1": 0, "q8_0": 1, "iq4_nl": 2, "q4_k": 0, "q5_k": 1, "q6_k": 2}
 K_KINDS = frozenset({"q4_k", "q5_k", "q6_k"})
 _TINY_AMAX = 1e-30   # activation groups below this quantize to zero (as in the kernel)
+# IQ4_NL / IQ4_XS: a 4-bit code stands for one of these 16 int8 values (llama.cpp's kvalues_iq4nl), times its
+# group's scale (kernels/qlinear.cpp's kIq4Values)
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_IQ4_TABLE = torch.tensor(IQ4_VALUES, dtype=torch.int8)
 # tiles (of 16 rows) dequantized at a time: 4096 rows of a 2048-wide weight hold ~32 MB of float32
 DEQUANT_CHUNK_TILES = 256
 
@@ -55,8 +62,8 @@ def holds_no_values(t: Tensor) -> bool:
 
 @dataclass
 class QuantCodes:
-    """Row-major form of a quantized weight: codes `q [N, G*32]` (uint8 0..15 for q4_1, int8 for
-    q8_0), float16 scales `d [N, G]` and, for q4_1, float16 mins `m [N, G]`."""
+    """Row-major form of a quantized weight: codes `q [N, G*32]` (uint8 0..15 for q4_1 and iq4_nl, int8
+    for q8_0), float16 scales `d [N, G]` and, for q4_1, float16 mins `m [N, G]`."""
 
     kind: Kind
     in_features: int
@@ -172,7 +179,7 @@ class PackedWeight:
             return kquant.dequantize(self).to(dtype)
         c = self.codes()
         n, g = c.d.shape
-        q = c.q.reshape(n, g, GROUP).float()
+        q = (_IQ4_TABLE[c.q.long()] if c.kind == "iq4_nl" else c.q).reshape(n, g, GROUP).float()
         w = c.d.float()[..., None] * q
         if c.m is not None:
             w = w + c.m.float()[..., None]
@@ -191,6 +198,16 @@ class PackedWeight:
         out.float_act = self.float_act
         return out
 
+    def as_q8_0(self) -> PackedWeight:
+        """An iq4_nl weight as q8_0 tiles of its values (what float activations multiply with: no float
+        kernel reads codes through IQ4's table); any other kind as it is."""
+        if self.kind != "iq4_nl":
+            return self
+        c = self.codes()
+        out = _tile(QuantCodes("q8_0", c.in_features, _IQ4_TABLE[c.q.long()], c.d, None))
+        out.float_act = self.float_act
+        return out
+
     def to(self, device: torch.device | str) -> PackedWeight:
         return PackedWeight(self.kind, self.out_features, self.in_features, self.qs.to(device), self.scales.to(device),
                             self.float_act)
@@ -201,7 +218,7 @@ class PackedWeight:
 
 def _tile(c: QuantCodes) -> PackedWeight:
     n = c.q.shape[0]
-    if c.kind == "q4_1":
+    if c.kind in ("q4_1", "iq4_nl"):
         q = c.q.reshape(n, -1, GROUP)
         blocks = q[..., :16] | (q[..., 16:] << 4)
     else:
@@ -234,7 +251,7 @@ def _untile(p: PackedWeight) -> QuantCodes:
     # [T, G, c, r] -> [T, r, G, c] (int32 lanes of 4 bytes)
     lanes = p.qs.view(torch.int32).view(t, g, nb // 4, TILE_ROWS).permute(0, 3, 1, 2).contiguous()
     blocks = lanes.view(torch.uint8).reshape(t * TILE_ROWS, g, nb)[:n]
-    if p.kind == "q4_1":
+    if p.kind in ("q4_1", "iq4_nl"):
         q = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).reshape(n, g * GROUP)
     else:
         q = (blocks ^ 0x80).view(torch.int8).reshape(n, g * GROUP)
@@ -329,6 +346,19 @@ def pack_q8_0(weight: Tensor) -> PackedWeight:
     return _tile(QuantCodes("q8_0", k, q.to(torch.int8).view(wg.shape[0], -1), d, None))
 
 
+def pack_iq4_nl(weight: Tensor) -> PackedWeight:
+    """Quantize a float weight `[N, K]` to iq4_nl: per group the scale that puts its largest magnitude on
+    the table's -127 end, each value then the table's nearest."""
+    wg, k = _groups_of(weight)
+    peak = wg.gather(-1, wg.abs().argmax(-1, keepdim=True))[..., 0]
+    d = (peak / -127).half()
+    _check_scales(d)
+    df = d.float()[..., None]
+    scaled = torch.where(df != 0, wg / torch.where(df != 0, df, 1.0), 0.0)
+    q = (scaled[..., None] - _IQ4_TABLE.float()).abs().argmin(-1)
+    return _tile(QuantCodes("iq4_nl", k, q.to(torch.uint8).view(wg.shape[0], -1), d, None))
+
+
 # ---------------------------------------------------------------- packing GGUF blocks
 
 GGUFData = bytes | bytearray | memoryview | np.ndarray | Tensor
@@ -382,31 +412,11 @@ def pack_q8_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
     return _tile_blocks("q8_0", k, (b[:, 2:] ^ 0x80).reshape(n, -1, 32), _f16(b, 0).view(n, -1), None)
 
 
-# IQ4_NL / IQ4_XS: a 4-bit code stands for one of these 16 int8 values (llama.cpp's kvalues_iq4nl), times
-# its group's scale. No kernel reads the codes through the table; the values are whole int8s, so q8_0
-# tiles hold them as they are (at 8.5 bits a weight instead of 4.5 / 4.25, a third less than bfloat16's).
-IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-_IQ4_BYTES = torch.tensor(IQ4_VALUES, dtype=torch.int16).add(128).to(torch.uint8)   # as q8_0 tiles store them
-_IQ4_GROUPS_AT_ONCE = 1 << 16   # groups looked up a time: the int64 index stays ~16 MB
-
-
-def _iq4_q8_bytes(nibbles: Tensor) -> Tensor:
-    """Groups of 16 IQ4 bytes `[..., 16]` (byte j: code j in the low nibble, code j + 16 in the high one,
-    as in GGUF) as q8_0 tile bytes `[..., 32]` (value + 128)."""
-    flat = nibbles.reshape(-1, 16)
-    out = torch.empty(flat.shape[0], 32, dtype=torch.uint8)
-    for g0 in range(0, flat.shape[0], _IQ4_GROUPS_AT_ONCE):
-        part = flat[g0:g0 + _IQ4_GROUPS_AT_ONCE]
-        out[g0:g0 + part.shape[0], :16] = _IQ4_BYTES[(part & 0xF).long()]
-        out[g0:g0 + part.shape[0], 16:] = _IQ4_BYTES[(part >> 4).long()]
-    return out.view(*nibbles.shape[:-1], 32)
-
-
 def pack_iq4_nl_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
-    """GGUF IQ4_NL blocks (d f16, 16 bytes of codes; value d * IQ4_VALUES[code]) as q8_0 tiles: the same
-    float16 d and the table's int8 values, so they dequantize bit-identically."""
+    """GGUF IQ4_NL blocks (d f16, 16 bytes of codes as Q4_0 holds them; value d * IQ4_VALUES[code]) of a
+    `[N, K]` tensor as iq4_nl tiles: the same d and codes, so they dequantize bit-identically."""
     b, n, k = _gguf_blocks(data, shape, 18, "IQ4_NL")
-    return _tile_blocks("q8_0", k, _iq4_q8_bytes(b[:, 2:].reshape(n, -1, 16)), _f16(b, 0).view(n, -1), None)
+    return _tile_blocks("iq4_nl", k, b[:, 2:].reshape(n, -1, 16), _f16(b, 0).view(n, -1), None)
 
 
 IQ4_XS_SUPER = 256   # values a superblock of IQ4_XS: d f16, 2 + 4 bytes of 6-bit group scales, 128 of codes
@@ -414,11 +424,11 @@ IQ4_XS_BYTES = 136
 
 
 def pack_iq4_xs_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
-    """GGUF IQ4_XS superblocks as q8_0 tiles. Group j (32 values) of a superblock is d * (ls_j - 32) *
-    IQ4_VALUES[code] with a 6-bit ls_j; a q8_0 group keeps the table's int8 values and the float16 of
-    d * (ls_j - 32), which float16 holds exactly only when that product has at most 11 significant bits:
-    otherwise it is rounded to the nearest (at most 2^-11 of the scale; serving the dense bfloat16 weight
-    instead rounds every value by up to 2^-8). ValueError if a scale overflows float16."""
+    """GGUF IQ4_XS superblocks as iq4_nl tiles. Group j (32 values) of a superblock is d * (ls_j - 32) *
+    IQ4_VALUES[code] with a 6-bit ls_j; an iq4_nl group keeps the codes and the float16 of d * (ls_j - 32),
+    which float16 holds exactly only when that product has at most 11 significant bits: otherwise it is
+    rounded to the nearest (at most 2^-11 of the scale; serving the dense bfloat16 weight instead rounds
+    every value by up to 2^-8). ValueError if a scale overflows float16."""
     if len(shape) != 2:
         raise ValueError(f"IQ4_XS: expected a 2-D shape (out, in), got {tuple(shape)}")
     n, k = int(shape[0]), int(shape[1])
@@ -432,8 +442,7 @@ def pack_iq4_xs_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
     ls = ((low[:, j // 2] >> (4 * (j % 2))) & 0xF) | (((high[:, None] >> (2 * j)) & 3) << 4)
     scales = (d[:, None] * (ls - 32).float()).half()
     _check_scales(scales)
-    codes = _iq4_q8_bytes(b[:, 8:].reshape(-1, 8, 16))
-    return _tile_blocks("q8_0", k, codes.view(n, -1, 32), scales.view(n, -1), None)
+    return _tile_blocks("iq4_nl", k, b[:, 8:].reshape(n, -1, 16), scales.view(n, -1), None)
 
 
 # ---------------------------------------------------------------- matmul
@@ -463,6 +472,9 @@ def quant_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None = None, *,
         return module.qlinear_kquant(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
                                      packed.in_features, bias, level, False, packed.float_act)
     if packed.float_act:
+        if packed.kind == "iq4_nl":
+            raise ValueError("iq4_nl weights multiply with 8-bit activations only: as_q8_0() holds their values "
+                             "for float activations")
         return module.qlinear_float(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,
                                     packed.in_features, bias, level)
     return module.qlinear(x, packed.qs, packed.scales, _KIND_IDS[packed.kind], packed.out_features,

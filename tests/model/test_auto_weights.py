@@ -58,9 +58,7 @@ def test_every_explained_choice_names_the_alternatives():
         assert "--quantization" in choose(facts).reason
 
 
-def test_an_iq4_file_serves_q8_0_tiles_of_its_values_even_when_small():
-    # decode's bfloat16 codes cannot rebuild IQ4 blocks: a small IQ4 file is not kept dense
-    choice = choose(dataclasses.replace(SMOLLM2_ZEN4, transcoded_elements=100))
-    assert choice.quantization == "gguf" and "IQ4_NL/IQ4_XS blocks (as q8_0 tiles" in choice.reason
-    elsewhere = choose(dataclasses.replace(SMOLLM2_ZEN4, transcoded_elements=100, bf16_wins=False, isa="avx2"))
-    assert elsewhere.quantization == "gguf-float"
+def test_an_iq4_file_serves_its_blocks_with_8_bit_activations_on_every_cpu():
+    for facts in (SMOLLM2_ZEN4, ONE_B_ZEN4, dataclasses.replace(ONE_B_ZEN4, bf16_wins=False, isa="avx2")):
+        choice = choose(dataclasses.replace(facts, iq4_elements=100))
+        assert choice.quantization == "gguf" and "IQ4_NL/IQ4_XS blocks" in choice.reason

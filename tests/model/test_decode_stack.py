@@ -306,6 +306,26 @@ def test_gguf_float_weights_run_in_the_stack_with_identical_bits(each_isa, tmp_p
     assert torch.equal(stacked_cache.storage, layered_cache.storage)
 
 
+def test_iq4_nl_weights_run_in_the_stack_with_identical_bits(each_isa, tmp_path, monkeypatch):
+    from gguf import GGMLQuantizationType
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .conftest import COMMON
+    from .test_gguf import write_llama_gguf
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**{**COMMON, "intermediate_size": 128})).eval()
+    path = tmp_path / "tiny-iq4_nl.gguf"
+    write_llama_gguf(path, hf, GGMLQuantizationType.IQ4_NL)
+    model, _ = load_model(path, dtype="bfloat16", quantization="gguf")
+    assert model.model.layers[0].mlp.down_proj.packed.kind == "iq4_nl"
+    stacked, stacked_cache = _decode_run(model, True, monkeypatch)
+    assert model._decode_stack not in (None, False), "the stack should have run"
+    layered, layered_cache = _decode_run(model, False, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))
+    assert torch.equal(stacked_cache.storage, layered_cache.storage)
+
+
 @pytest.fixture
 def split_over():
     """split_over(model, threads): the model's stack splits every step of two rows or more over

@@ -155,10 +155,10 @@ def test_iq4_nl_gguf_dequantizes_unpermutes_and_serves_q8_0_tiles_of_its_values(
     roundtrip = dequantize(quantize_iq4_nl(q), Q.IQ4_NL)  # row order does not change IQ4_NL blocks
     got = loaded.tensors["model.layers.1.self_attn.q_proj.weight"]
     torch.testing.assert_close(got, torch.from_numpy(roundtrip), atol=0, rtol=0)
-    # served from its blocks as q8_0 tiles of the table's values (the same weights), and the log says so;
-    # "none" serves the dequantized weights dense
-    for quantization, words in (("gguf-float", "its blocks as q8_0 tiles (the same values), float32"),
-                                ("gguf", "its blocks as q8_0 tiles (the same values), 8-bit"), ("none", "dense")):
+    # served from its blocks (8-bit activations read the codes through the table; float32 ones multiply
+    # q8_0 tiles of the same values), and the log says so; "none" serves the dequantized weights dense
+    for quantization, words in (("gguf-float", "its blocks as q8_0 tiles of their values, float32"),
+                                ("gguf", "its blocks as iq4_nl, 8-bit"), ("none", "dense")):
         model, weights = load_model(path, quantization=quantization)
         parts = [p for p in weights.served.split("; ") if p.startswith("IQ4_NL x")]
         assert parts and all(words in p for p in parts), weights.served

@@ -13,8 +13,9 @@ only ffn_down in K-quants (Q4_K / Q6_K) and falls back to Q5_0 (served dense by 
 file is Q6_K ffn_down with Q8_0 elsewhere; the tied LM head is Q8_0 in all three. Its IQ4_NL file is
 IQ4_NL but for three Q5_K ffn_down; its IQ4_XS file keeps IQ4_XS only where K is whole superblocks (27
 ffn_down) and falls back to IQ4_NL elsewhere (180), with the same three Q5_K: Kiln serves every IQ4
-tensor from q8_0 tiles of its table's int8 values (IQ4_XS with each group's scale rounded to float16),
-the Q5_K and Q8_0 ones from their blocks.
+tensor from its codes (iq4_nl tiles: gguf reads them through IQ4's table, gguf-float multiplies q8_0
+tiles of the same values; IQ4_XS with each group's scale rounded to float16), the Q5_K and Q8_0 ones from
+their blocks.
 
 Tolerance. With float32 weights llama.cpp and Kiln agree to 0.02 (tests/adapters/test_export_llamacpp.py:
 float32 on both sides, only the summation order differs). With quantized weights llama.cpp multiplies
@@ -32,8 +33,8 @@ log-probs differ by at most 0.55 / 0.79 / 0.38 and 0.39 / 0.40 / 0.31. (With the
 rounded per 32 instead, gguf was 1.22 / 1.44 over the vocabulary but 0.58 / 0.90 over the top 10: the
 coarser per-256 rounding moves a flipped rounding's logits further, and the tail of the vocabulary
 with them.) IQ4_NL / IQ4_XS: gguf-float
-0.90 / 1.27 (top 10: 0.27 / 0.73), gguf 0.97 / 1.19 (0.25 / 0.63) (served dense, before the q8_0 tiles:
-0.92 / 1.30 and 0.29 / 0.75). Hence LOGIT_GAP = 2.0 and
+0.90 / 1.27 (top 10: 0.27 / 0.73), gguf 0.97 / 1.19 (0.25 / 0.63) (served dense, before: 0.92 / 1.30 and
+0.29 / 0.75). Hence LOGIT_GAP = 2.0 and
 TOP_GAP = 1.0. The logit tolerance means something: the same model in another format (Kiln's Q4_K_M
 against llama.cpp's Q8_0) is 4.1 away, and a kernel that read the wrong blocks or scales would be
 further still. Skipped when llama.cpp is not built (failed under KILN_REQUIRE_LLAMACPP=1).

@@ -82,6 +82,9 @@ inline void spin_pause() {
 // Projection kinds past the dense tiles': K-quant tiles (qlinear_kquant, format kind - kKQuant), and
 // parts of different kinds whose outputs concatenate (a Q4_K_M layer's Q4_K q/k beside its Q6_K v)
 constexpr int64_t kKQuant = 10;
+// iq4_nl tiles (qlinear's kind 2: 4-bit codes through IQ4's table, 8-bit activations only)
+constexpr int64_t kIq4 = 5;
+constexpr int64_t kQlinearIq4 = 2;
 constexpr int64_t kParts = 20;
 
 struct Projection {
@@ -91,7 +94,7 @@ struct Projection {
   c10::optional<torch::Tensor> bias;
   std::vector<Projection> parts;   // kind kParts: each part's outputs, concatenated in order
 
-  // kind 0 / 1: packed q4_1 / q8_0 (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs); kind 3 / 4:
+  // kind 0 / 1 / 5: packed q4_1 / q8_0 / iq4_nl (qs, scales); kind 2: bfloat16 tiles of the dense kernel (qs); kind 3 / 4:
   // those tiles (qs) and the same values as 4-bit / int8 codes (codes, scales) for decode rows
   // out_float: float32 sums (logits), from float32 activations for packed weights as the LM head's
   // Python path gives them (kiln/model/transformer.py's compute_logits)
@@ -106,6 +109,7 @@ struct Projection {
     if (kind >= 2 && kind <= 4) return linear_bf16(x, qs, n, k, bias, -1, out_float);
     if (out_float) return (*this)(x.to(torch::kFloat32));
     if (kind >= kKQuant) return qlinear_kquant(x, qs, scales, kind - kKQuant, n, k, bias, -1, false, float_act);
+    if (kind == kIq4) return qlinear(x, qs, scales, kQlinearIq4, n, k, bias, -1);
     if (float_act) return qlinear_float(x, qs, scales, kind, n, k, bias, -1, false);
     return qlinear(x, qs, scales, kind, n, k, bias, -1);
   }
@@ -407,10 +411,11 @@ class DecodeStack {
     }
     p.qs = packed.attr("qs").cast<torch::Tensor>();
     TORCH_CHECK_VALUE(kind == "q4_1" || kind == "q8_0" || kind == "bf16" || kind == "bf16_codes0" || kind == "bf16_codes1" ||
-                          kind == "q4_k" || kind == "q5_k" || kind == "q6_k",
+                          kind == "q4_k" || kind == "q5_k" || kind == "q6_k" || kind == "iq4_nl",
                       "DecodeStack: unknown weight kind ", kind);
     p.kind = kind == "q4_1" ? 0 : kind == "q8_0" ? 1 : kind == "bf16" ? 2 : kind == "bf16_codes0" ? 3
-           : kind == "bf16_codes1" ? 4 : kind == "q4_k" ? kKQuant : kind == "q5_k" ? kKQuant + 1 : kKQuant + 2;
+           : kind == "bf16_codes1" ? 4 : kind == "iq4_nl" ? kIq4 : kind == "q4_k" ? kKQuant
+           : kind == "q5_k" ? kKQuant + 1 : kKQuant + 2;
     if (p.kind != 2) p.scales = packed.attr("scales").cast<torch::Tensor>();
     if (p.kind == 3 || p.kind == 4) p.codes = packed.attr("codes").cast<torch::Tensor>();
     p.float_act = py::hasattr(packed, "float_act") && packed.attr("float_act").cast<bool>();

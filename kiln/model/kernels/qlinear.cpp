@@ -7,6 +7,8 @@
 // times signed activation bytes), combined with the scales in fp32:
 //     y[m, n] = sum_g  dw[n,g] * xd[m,g] * isum  +  mw[n,g] * xd[m,g] * sum(xq[m, group g])
 // q8_0 weights are stored offset by +128 (unsigned), which is the q4_1 formula with mw = -128 * dw.
+// iq4_nl weights (GGUF IQ4_NL, and IQ4_XS with each group's scale in float16) store q4_1's nibbles, each
+// a code into IQ4's table of 16 int8 values: unpacked as q4_1's, looked up (vpshufb), then q8_0's arithmetic.
 //
 // A tile keeps the 16 rows in the 16 int32 lanes of a zmm register (4 consecutive K elements per
 // lane), so one vpdpbusd with a broadcast of 4 activation bytes advances 16 rows at once and the
@@ -64,13 +66,15 @@ constexpr int64_t kPrefetchBytes = 4096;  // how far ahead of the group in use i
 constexpr int64_t kPrefetchBytesAvx2 = 16384;
 constexpr float kTinyAmax = 1e-30f;  // below this a group quantizes to zero (127/amax would overflow)
 
-enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
+enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1, IQ4_NL = 2 };
+// the int8 value each 4-bit iq4_nl code stands for (llama.cpp's kvalues_iq4nl)
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 using kiln::ISA_AVX2;
 using kiln::ISA_SCALAR;
 constexpr int64_t ISA_AVX512_VNNI = kiln::ISA_AVX512;  // this file's AVX512 code needs VNNI too
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int64_t qs_group_bytes(int64_t kind) { return kind == Q4_1 ? 256 : 512; }
+inline int64_t qs_group_bytes(int64_t kind) { return kind == Q8_0 ? 512 : 256; }
 inline int64_t scale_group_halfs(int64_t kind) { return kind == Q4_1 ? 32 : 16; }
 
 
@@ -151,9 +155,10 @@ void quantize_rows_scalar(const void* x, bool bf16, int64_t M, int64_t K, int64_
 // ---------------------------------------------------------------- scalar path
 
 inline int32_t weight_scalar(int64_t kind, const uint8_t* qg, int c, int r, int i) {
-  if (kind == Q4_1) {
+  if (kind == Q4_1 || kind == IQ4_NL) {
     const uint8_t b = qg[(c & 3) * 64 + r * 4 + i];
-    return c < 4 ? (b & 0x0F) : (b >> 4);
+    const int code = c < 4 ? (b & 0x0F) : (b >> 4);
+    return kind == Q4_1 ? code : kIq4Values[code] + 128;   // iq4_nl: as q8_0 stores its values
   }
   return qg[c * 64 + r * 4 + i];
 }
@@ -189,6 +194,13 @@ void tile_scalar(const Problem& p, int64_t t, int64_t m0, int64_t mb) {
 // ---------------------------------------------------------------- AVX512-VNNI path
 
 #define KILN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+// kIq4Values + 128 as unsigned bytes in every 128-bit lane (vpshufb looks up within lanes)
+KILN_AVX512 inline __m512i iq4_table_avx512() {
+  alignas(16) uint8_t b[16];
+  for (int i = 0; i < 16; ++i) b[i] = static_cast<uint8_t>(kIq4Values[i] + 128);
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
+}
 
 KILN_AVX512 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -252,7 +264,7 @@ KILN_AVX512 inline void store_row_avx512(const Problem& p, int64_t m, int64_t t,
 
 template <int64_t KIND, int MB>
 KILN_AVX512 void tile_avx512(const Problem& p, int64_t t, int64_t m0) {
-  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t QB = KIND == Q8_0 ? 512 : 256;
   constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
   const uint8_t* qs = p.qs + t * p.G * QB;
   const uint16_t* sc = p.scales + t * p.G * SB;
@@ -279,6 +291,14 @@ KILN_AVX512 void tile_avx512(const Problem& p, int64_t t, int64_t m0) {
         const __m512i v = _mm512_loadu_si512(qg + c * 64);
         w[c] = _mm512_and_si512(v, low4);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+    } else if constexpr (KIND == IQ4_NL) {   // each nibble looked up: the value + 128, as q8_0 stores it
+      mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+      const __m512i table = iq4_table_avx512();
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(qg + c * 64);
+        w[c] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, low4));
+        w[c + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
       }
     } else {
       mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
@@ -390,6 +410,19 @@ KILN_AVX2 inline void store_row_avx2(const Problem& p, int64_t m, int64_t t, con
   }
 }
 
+// kIq4Values as signed bytes in both 128-bit lanes
+KILN_AVX2 inline __m256i iq4_table_avx2() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+}
+
+// iq4_nl's signed values at column c (0..7) of a group's bytes qg: c < 4 the low nibbles of block c, else
+// the high nibbles of block c - 4 (q4_1's layout), each looked up
+KILN_AVX2 inline __m256i iq4_values_avx2(const uint8_t* qg, int c, __m256i table) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + (c & 3) * 64));
+  const __m256i nib = _mm256_and_si256(c < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+  return _mm256_shuffle_epi8(table, nib);
+}
+
 KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -400,7 +433,7 @@ KILN_AVX2 inline __m256i bcast4_avx2(const int8_t* p) {
 template <int64_t KIND, int MB>
 KILN_AVX2 inline void group_sums_avx2(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g, __m256i* sums) {
   __m256i w[8];
-  [[maybe_unused]] alignas(32) int8_t qsign[KIND == Q8_0 ? 8 : 1][32];   // q8_0: the group's signed weights
+  [[maybe_unused]] alignas(32) int8_t qsign[KIND == Q4_1 ? 1 : 8][32];   // q8_0, iq4_nl: the signed weights
   if constexpr (KIND == Q4_1) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; ++c) {
@@ -412,9 +445,12 @@ KILN_AVX2 inline void group_sums_avx2(const Problem& p, const uint8_t* qg, int64
     // The stored bytes are q + 128; u8 * s8 pair sums of those overflow maddubs' int16. Instead
     // w = |q| (at most 128) times x with q's sign (|x| <= 127): a pair is at most 32512, exact.
     // sum((q + 128) x) = sum(q x) + 128 sum(x): the same integer as before, so the same bits.
+    // iq4_nl: the looked-up values, at most 127 in magnitude
+    [[maybe_unused]] const __m256i table = iq4_table_avx2();
     for (int c = 0; c < 8; ++c) {
-      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)),
-                                         _mm256_set1_epi8(static_cast<char>(0x80)));
+      const __m256i q = KIND == IQ4_NL ? iq4_values_avx2(qg, c, table)
+                                       : _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)),
+                                                          _mm256_set1_epi8(static_cast<char>(0x80)));
       _mm256_store_si256(reinterpret_cast<__m256i*>(qsign[c]), q);
       w[c] = _mm256_abs_epi8(q);
     }
@@ -472,7 +508,7 @@ KILN_AVX2 inline void scale_group_avx2(const Problem& p, int64_t t, int64_t m0, 
 // group by group: so few rows keep their sums and accumulators in registers.
 template <int64_t KIND, int MB>
 KILN_AVX2 void half_tile_avx2(const Problem& p, int64_t t, int64_t m0, int h, float (*out)[kRows]) {
-  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t QB = KIND == Q8_0 ? 512 : 256;
   constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
   __m256 acc[MB];
   for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
@@ -540,11 +576,13 @@ KILN_AVX2 inline void group_sums_q4_1_rows(const Problem& p, const uint8_t* qg, 
   }
 }
 
-// q8_0's sums for Q activation rows (group_sums_avx2's |q| and sign trick), both halves per broadcast.
-template <int Q>
+// q8_0's (IQ4: iq4_nl's looked-up values') sums for Q activation rows (group_sums_avx2's |q| and sign
+// trick), both halves per broadcast.
+template <int Q, bool IQ4 = false>
 KILN_AVX2 inline void group_sums_q8_0_rows(const Problem& p, const uint8_t* qg, int64_t m0, int64_t g,
                                            __m256i (*sums)[2]) {
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  [[maybe_unused]] const __m256i table = iq4_table_avx2();
   const int8_t* xg[Q];
   __m256i s[Q][2];
   for (int j = 0; j < Q; ++j) {
@@ -553,8 +591,10 @@ KILN_AVX2 inline void group_sums_q8_0_rows(const Problem& p, const uint8_t* qg, 
   }
 #pragma GCC unroll 8
   for (int c = 0; c < 8; ++c) {
-    const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), flip);
-    const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32)), flip);
+    const __m256i q0 = IQ4 ? iq4_values_avx2(qg, c, table)
+                           : _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64)), flip);
+    const __m256i q1 = IQ4 ? iq4_values_avx2(qg + 32, c, table)
+                           : _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32)), flip);
     const __m256i w0 = _mm256_abs_epi8(q0), w1 = _mm256_abs_epi8(q1);
     for (int j = 0; j < Q; ++j) {
       const __m256i b = bcast4_avx2(xg[j] + c * 4);
@@ -576,7 +616,7 @@ KILN_AVX2 inline void group_sums_quads(const Problem& p, const uint8_t* qg, int6
     if constexpr (KIND == Q4_1) {
       group_sums_q4_1_rows<Q>(p, qg, m0 + J0, g, sums + J0);
     } else {
-      group_sums_q8_0_rows<Q>(p, qg, m0 + J0, g, sums + J0);
+      group_sums_q8_0_rows<Q, KIND == IQ4_NL>(p, qg, m0 + J0, g, sums + J0);
     }
     group_sums_quads<KIND, MB, J0 + Q>(p, qg, m0, g, sums);
   }
@@ -592,7 +632,7 @@ constexpr int64_t kRunGroups = 16;
 
 template <int64_t KIND, int MB>
 KILN_AVX2 void tile_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*out)[kRows]) {
-  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t QB = KIND == Q8_0 ? 512 : 256;
   constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
   __m256i sums[kRunGroups][MB][2];
   __m256 acc[2][MB];
@@ -625,7 +665,7 @@ KILN_AVX2 void tile_rows_avx2(const Problem& p, int64_t t, int64_t m0, float (*o
 // ahead (past what Zen 2's 32 KB L1 holds beside the tile) were slower.
 template <int64_t KIND>
 KILN_AVX2 void tile_avx2_row(const Problem& p, int64_t t, int64_t m) {
-  constexpr int64_t QB = KIND == Q4_1 ? 256 : 512;
+  constexpr int64_t QB = KIND == Q8_0 ? 512 : 256;
   constexpr int64_t SB = KIND == Q4_1 ? 32 : 16;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g = 0; g < p.G; ++g) {
@@ -939,7 +979,7 @@ namespace {
 
 torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& scales, int64_t kind,
                          int64_t n, const c10::optional<torch::Tensor>& bias, int64_t isa) {
-  TORCH_CHECK(kind == Q4_1 || kind == Q8_0, "kiln qlinear: unknown weight kind ", kind);
+  TORCH_CHECK(kind == Q4_1 || kind == Q8_0 || kind == IQ4_NL, "kiln qlinear: unknown weight kind ", kind);
   const int64_t M = x.size(0), K = x.size(1), G = (K + kGroup - 1) / kGroup;
   TORCH_CHECK(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous() && qs.dim() == 3 && qs.size(1) == G &&
                   qs.size(2) == qs_group_bytes(kind),
@@ -958,7 +998,7 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
   s.xq.resize(M * Kp);
   s.xd.resize(M * G);
   s.xs.resize(M * G);
-  const bool sums = isa == ISA_AVX2 && kind == Q8_0;
+  const bool sums = isa == ISA_AVX2 && kind != Q4_1;   // the |q| and sign trick's activation sums
   if (sums) s.xi.resize(M * G);
   quantize_rows_shared(isa, x.data_ptr(), x.scalar_type() == torch::kBFloat16, M, K, G, s.xq.data(), s.xd.data(),
                 s.xs.data(), sums ? s.xi.data() : nullptr);
@@ -1019,11 +1059,15 @@ torch::Tensor qlinear_2d(const torch::Tensor& x, const torch::Tensor& qs, const 
         const int64_t mb = std::min<int64_t>(kMaxMB, p.M - m0);
 #ifdef KILN_X86
         if (j.isa == ISA_AVX512_VNNI) {
-          p.kind == Q4_1 ? tile_avx512_any<Q4_1>(p, t, m0, mb) : tile_avx512_any<Q8_0>(p, t, m0, mb);
+          p.kind == Q4_1   ? tile_avx512_any<Q4_1>(p, t, m0, mb)
+          : p.kind == Q8_0 ? tile_avx512_any<Q8_0>(p, t, m0, mb)
+                           : tile_avx512_any<IQ4_NL>(p, t, m0, mb);
           continue;
         }
         if (j.isa == ISA_AVX2) {
-          p.kind == Q4_1 ? tile_avx2<Q4_1>(p, t, m0, mb) : tile_avx2<Q8_0>(p, t, m0, mb);
+          p.kind == Q4_1 ? tile_avx2<Q4_1>(p, t, m0, mb)
+          : p.kind == Q8_0 ? tile_avx2<Q8_0>(p, t, m0, mb)
+                           : tile_avx2<IQ4_NL>(p, t, m0, mb);
           continue;
         }
 #endif
