@@ -9,7 +9,7 @@ The rule, by bytes moved per token:
 - projections mostly K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files): their blocks with 8-bit activations
   ("gguf", llama.cpp's arithmetic) on every CPU the kernels run on. Dense bfloat16 cannot be rebuilt
   from them and would stream 3-4x their bytes every decode step.
-- projections mostly Q4_0 / Q4_1 / Q8_0 blocks:
+- projections mostly Q4_0 / Q4_1 / Q5_0 / Q8_0 blocks (Q5_0 served as q8_0 tiles of its values):
   - where decode rebuilds bfloat16 from the blocks and vdpbf16ps outpaces float32 FMAs (AMD's
     AVX512-BF16) and the dense bfloat16 copy is small (at most `DENSE_MAX_BYTES`: a model that sits
     in the caches, where bytes per token do not bind): dense bfloat16 ("none"). Decode reads the
@@ -89,7 +89,7 @@ def choose(f: AutoFacts) -> AutoChoice:
             f"only the blocks with float32 activations, gguf with 8-bit ones"))
     if f.bf16_wins:
         return AutoChoice("gguf", (
-            f"auto serves the GGUF's Q4_0/Q4_1/Q8_0 blocks with 8-bit activations (gguf, llama.cpp's arithmetic) "
+            f"auto serves the GGUF's Q4_0/Q4_1/Q5_0/Q8_0 blocks with 8-bit activations (gguf, llama.cpp's arithmetic) "
             f"and keeps no dense copy: one in bfloat16 would take {mb:.0f} MB (over {limit} MB) and a decode step "
             f"would stream the blocks' bytes anyway; --quantization gguf-float keeps the blocks with float32 "
             f"activations (the dequantized model's answers), none serves dense bfloat16"))

@@ -84,7 +84,7 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
     `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
-    Q4_K/Q5_K/Q6_K and IQ4_NL/IQ4_XS ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
+    Q4_K/Q5_K/Q6_K, Q5_0 and IQ4_NL/IQ4_XS ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
     dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`). `cancel`: stops the
     load between tensors (LoadCancelled) once set. `on_metadata`: a GGUF's key/values as soon as they are
     read (`load_gguf`)."""
@@ -106,9 +106,11 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
 
 QUANTIZATIONS = ("auto", "none", "gguf", "gguf-float", "q8_0", "q4_1")
 # GGUF block types the CPU kernels multiply with
-PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
+PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
 # IQ4 blocks: iq4_nl tiles with 8-bit activations, q8_0 tiles of their values with float ones; how exactly
 IQ4_GGUF_TYPES = {"IQ4_NL": "", "IQ4_XS": " (each group's scale rounded to float16)"}
+# blocks no kernel reads as they are, served as tiles of another kind holding their values (the log's words)
+RETILED_GGUF_TYPES = {**IQ4_GGUF_TYPES, "Q5_0": ""}
 # K-quant blocks (served from their blocks with float activations only; the dense kernel's codes
 # cannot rebuild them, so dense bfloat16 streams 3-4x their bytes every decode step)
 KQUANT_GGUF_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})
@@ -165,8 +167,8 @@ def load_model(
 
     `quantization` picks the weights the serving (paged) path multiplies with: "auto" (what `kiln serve`
     does by default) resolves by `resolve_quantization`; "none" the dense ones;
-    "gguf" a GGUF's own Q4_0/Q4_1/Q8_0/IQ4_NL blocks, repacked exactly (IQ4_XS: iq4_nl tiles) (CPU only;
-    the dense path stays for training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
+    "gguf" a GGUF's own Q4_0/Q4_1/Q8_0/Q5_0/IQ4_NL blocks, repacked exactly (IQ4_XS: iq4_nl tiles) (CPU
+    only; the dense path stays for training and scoring); "q8_0" / "q4_1" quantize every projection. Measured on a 2-core Zen 4 with
     the SmolLM2 Q4_1 GGUF: a full pass of decode GEMVs takes ~5 ms packed vs ~13 ms with the bf16 kernel
     (kiln/model/dense_tiles.py; ~50 ms in torch's bf16 GEMV). Activations are quantized to 8 bits per
     group of 32 (K-quant weights: per superblock of 256; as llama.cpp does), so logits differ slightly
@@ -283,8 +285,8 @@ def describe_served_weights(types: dict[str, str], served: dict[str, str]) -> st
     counts: dict[tuple[str, str], int] = {}
     for name, how in served.items():
         kind = types.get(name, "tied to token_embd" if name == "lm_head.weight" else "?")
-        if kind in IQ4_GGUF_TYPES and how.startswith("its blocks as"):
-            how = how.replace("as q8_0", "as q8_0 tiles of their values").replace(",", IQ4_GGUF_TYPES[kind] + ",", 1)
+        if kind in RETILED_GGUF_TYPES and how.startswith("its blocks as"):
+            how = how.replace("as q8_0", "as q8_0 tiles of their values").replace(",", RETILED_GGUF_TYPES[kind] + ",", 1)
         key = (kind, how)
         counts[key] = counts.get(key, 0) + 1
     return "; ".join(f"{t} x{n}: {how}" for (t, how), n in sorted(counts.items()))

@@ -412,6 +412,19 @@ def pack_q8_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
     return _tile_blocks("q8_0", k, (b[:, 2:] ^ 0x80).reshape(n, -1, 32), _f16(b, 0).view(n, -1), None)
 
 
+def pack_q5_0_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
+    """GGUF Q5_0 blocks (d f16, 4 bytes of fifth bits, 16 bytes of nibbles; value d * (q - 16), q in 0..31)
+    as q8_0 tiles: the same d, q - 16 as the int8 code, so they dequantize bit-identically (8.5 bits a
+    weight where the file holds 5.5: no kernel reads five-bit codes)."""
+    b, n, k = _gguf_blocks(data, shape, 22, "Q5_0")
+    high = b[:, 2:6].contiguous().view(torch.int32)             # bit j: the fifth bit of value j
+    j = torch.arange(32, dtype=torch.int32)
+    fifth = ((high >> j) & 1).to(torch.uint8)                    # [blocks, 32]
+    nib = b[:, 6:]
+    q = torch.cat([nib & 0x0F, nib >> 4], dim=-1) | (fifth << 4)   # 0..31
+    return _tile_blocks("q8_0", k, (q + 112).reshape(n, -1, 32), _f16(b, 0).view(n, -1), None)   # q - 16 + 128
+
+
 def pack_iq4_nl_from_gguf(data: GGUFData, shape: Sequence[int]) -> PackedWeight:
     """GGUF IQ4_NL blocks (d f16, 16 bytes of codes as Q4_0 holds them; value d * IQ4_VALUES[code]) of a
     `[N, K]` tensor as iq4_nl tiles: the same d and codes, so they dequantize bit-identically."""

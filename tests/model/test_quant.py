@@ -27,6 +27,7 @@ from kiln.model.quant import (
     pack_q4_0_from_gguf,
     pack_q4_1,
     pack_q4_1_from_gguf,
+    pack_q5_0_from_gguf,
     pack_q8_0,
     pack_q8_0_from_gguf,
     quant_linear,
@@ -99,6 +100,15 @@ def iq4_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     b = rng.integers(0, 256, size=(n * k // per, size), dtype=np.uint8)
     b[:, :2] = rng.uniform(-amp, amp, b.shape[0]).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return b.reshape(-1)
+
+
+@pytest.mark.parametrize("shape", [(48, 576), (19, 1536)])
+def test_gguf_q5_0_repacks_exactly_as_q8_0(shape: tuple[int, int]) -> None:
+    w = weight(*shape).numpy()
+    blocks = quantize(w, Q.Q5_0)
+    packed = pack_q5_0_from_gguf(blocks, shape)
+    assert packed.kind == "q8_0"
+    assert same_bits(packed.dequantize(), torch.from_numpy(dequantize(blocks, Q.Q5_0)))
 
 
 @pytest.mark.parametrize("shape", [(48, 512), (19, 1536)])

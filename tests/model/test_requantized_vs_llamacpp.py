@@ -9,7 +9,8 @@ llama_model_quantize call, byte for byte the same file; `tools/build-llamacpp lo
 build them, `make test` runs both, CI requires them with KILN_REQUIRE_LLAMACPP=1). The source is the
 embedded Q4_1 file with --allow-requantize (llama.cpp dequantizes it to float32 first, as it would an
 F32 file). SmolLM2's K=576 projections are not whole superblocks of 256, so llama.cpp's Q4_K_M keeps
-only ffn_down in K-quants (Q4_K / Q6_K) and falls back to Q5_0 (served dense by Kiln) and Q8_0; its Q6_K
+only ffn_down in K-quants (Q4_K / Q6_K) and falls back to Q5_0 (served by Kiln as q8_0 tiles of its
+values) and Q8_0; its Q6_K
 file is Q6_K ffn_down with Q8_0 elsewhere; the tied LM head is Q8_0 in all three. Its IQ4_NL file is
 IQ4_NL but for three Q5_K ffn_down; its IQ4_XS file keeps IQ4_XS only where K is whole superblocks (27
 ffn_down) and falls back to IQ4_NL elsewhere (180), with the same three Q5_K: Kiln serves every IQ4
@@ -25,11 +26,11 @@ the logits by more than half a unit: Kiln's own
 gguf against its gguf-float (same blocks, 8-bit vs float32 activations) differs by up to 0.50 (Q4_1)
 / 0.63 (Q8_0) on an 11-token prompt, and llama.cpp against the dequantized float reference by up to
 0.59 / 0.87. Kiln's gguf rounds activations as llama.cpp's scheme does but not bit for bit (a single
-token already differs by 0.34 on Q8_0, against 0.55 with float activations; Kiln's Q5_0 tensors are
-dense), so neither mode is closer than that noise. Measured on the parity prompts (2-core AMD EPYC Zen 4,
+token already differs by 0.34 on Q8_0, against 0.55 with float activations), so neither mode is closer than that noise. Measured on the parity prompts (2-core AMD EPYC Zen 4,
 AVX-512), max |logit - llama.cpp's| over the whole vocabulary: gguf-float 1.24 / 1.29 / 1.59 (Q4_K_M /
-Q6_K / Q8_0), gguf 1.65 / 1.74 / 1.16, on logits that span ~30; over llama.cpp's top 10 tokens the
-log-probs differ by at most 0.55 / 0.79 / 0.38 and 0.39 / 0.40 / 0.31. (With the K-quants' activations
+Q6_K / Q8_0), gguf 1.40 / 1.74 / 1.16, on logits that span ~30; over llama.cpp's top 10 tokens the
+log-probs differ by at most 0.55 / 0.79 / 0.38 and 0.59 / 0.40 / 0.31 (gguf's Q4_K_M with its Q5_0
+tensors served dense: 1.65 and 0.39). (With the K-quants' activations
 rounded per 32 instead, gguf was 1.22 / 1.44 over the vocabulary but 0.58 / 0.90 over the top 10: the
 coarser per-256 rounding moves a flipped rounding's logits further, and the tail of the vocabulary
 with them.) IQ4_NL / IQ4_XS: gguf-float
