@@ -100,8 +100,8 @@ def load_gguf(path: str, dtype: torch.dtype, packed: dict[str, Any] | None = Non
     With `packed` (a dict to fill), 2-D projection weights stored as Q4_0 / Q4_1 / Q8_0 are also
     repacked bit-exactly for the quantized kernels (kiln.model.quant), and Q4_K / Q5_K / Q6_K ones
     (whole superblocks of 256 along K) keep their blocks as tiles (kiln.model.kquant), under their
-    HF names (K-quants only with `kquants`, as Q5_0 / IQ4_NL / IQ4_XS ones, which become q8_0 / iq4_nl
-    tiles). With `blocks_only`, a tensor so packed is not dequantized
+    HF names (K-quants only with `kquants`, as IQ4_NL / IQ4_XS ones, which become iq4_nl tiles; Q5_0 ones
+    become q8_0 tiles of their values). With `blocks_only`, a tensor so packed is not dequantized
     at all: its entry in the returned tensors is a `blocks_placeholder` of its shape, holding no memory
     (the blocks, read from the file's mapping, are the only copy). With `types` (a dict to fill): each
     HF-named tensor's GGUF type ("Q4_K", "F32", ...). `cancel`: checked between tensors (`check_cancel`).
@@ -213,7 +213,7 @@ _PACKERS = {Q.Q4_0: pack_q4_0_from_gguf, Q.Q4_1: pack_q4_1_from_gguf, Q.Q8_0: pa
             Q.Q5_0: pack_q5_0_from_gguf, Q.IQ4_NL: pack_iq4_nl_from_gguf, Q.IQ4_XS: pack_iq4_xs_from_gguf}
 _K_KINDS = {Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k"}
 # blocks packed only to be served from (`kquants`): decode's dense bfloat16 codes rebuild none of them
-_SERVING_ONLY = frozenset({*_K_KINDS, Q.Q5_0, Q.IQ4_NL, Q.IQ4_XS})
+_SERVING_ONLY = frozenset({*_K_KINDS, Q.IQ4_NL, Q.IQ4_XS})
 
 
 def pack_gguf_tensor(t: GGUFTensor, heads: int | None = None,

@@ -83,8 +83,8 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
                  on_metadata: Callable[[dict[str, Any]], None] | None = None) -> LoadedWeights:
     """A directory is an HF checkpoint (config.json + safetensors); a *.gguf file is GGUF.
 
-    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q8_0 projections for the quantized kernels, and its
-    Q4_K/Q5_K/Q6_K, Q5_0 and IQ4_NL/IQ4_XS ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
+    `keep_quantized` also repacks a GGUF's Q4_0/Q4_1/Q5_0/Q8_0 projections for the quantized kernels, and
+    its Q4_K/Q5_K/Q6_K and IQ4_NL/IQ4_XS ones unless `keep_kquants` is False; with `blocks_only` a tensor so repacked is never
     dequantized (its dense entry is a placeholder holding no memory, see `load_gguf`). `cancel`: stops the
     load between tensors (LoadCancelled) once set. `on_metadata`: a GGUF's key/values as soon as they are
     read (`load_gguf`)."""
@@ -194,7 +194,7 @@ def load_model(
     serves_blocks = quantization in ("gguf", "gguf-float") and on_cpu
     weights = load_weights(path, torch_dtype,
                            keep_quantized=serves_blocks or dense_codes,
-                           # the dense kernel's codes rebuild Q4_0/Q4_1/Q8_0 only: K-quants would be packed for nothing
+                           # the dense kernel's codes rebuild Q4_0/Q4_1/Q5_0/Q8_0 only: K-quants would be packed for nothing
                            keep_kquants=quantization in ("gguf", "gguf-float"),
                            # a weight served from its blocks has no dense copy: training and scoring
                            # dequantize it where they use it (precision.block_linear)

@@ -177,6 +177,19 @@ def test_iq4_nl_gguf_dequantizes_unpermutes_and_serves_q8_0_tiles_of_its_values(
         torch.testing.assert_close(model.forward_dense(ids), reference(ids).logits, atol=1e-4, rtol=1e-4)
 
 
+def test_q5_0_gguf_serves_q8_0_tiles_of_its_values(tmp_path: Path, llama_hf: torch.nn.Module) -> None:
+    # llama-quantize's fallback for Q4_K rows that are not whole superblocks of 256
+    path = tmp_path / "tiny-q5_0.gguf"
+    write_llama_gguf(path, llama_hf, Q.Q5_0)
+    dense = load_weights(path, "float32").tensors["model.layers.1.self_attn.q_proj.weight"]
+    for quantization, words in (("gguf", "its blocks as q8_0 tiles of their values, 8-bit"),
+                                ("gguf-float", "its blocks as q8_0 tiles of their values, float32")):
+        model, weights = load_model(path, quantization=quantization)
+        parts = [p for p in weights.served.split("; ") if p.startswith("Q5_0 x")]
+        assert parts and all(words in p for p in parts), weights.served
+        assert torch.equal(model.get_submodule("model.layers.1.self_attn.q_proj").packed.dequantize(), dense)
+
+
 def test_gguf_rope_freqs_tensor_reproduces_llama3_scaling(tmp_path: Path) -> None:
     hf = make_hf("llama3_rope")
     path = tmp_path / "llama3.gguf"
