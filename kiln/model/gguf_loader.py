@@ -36,9 +36,8 @@ Q = GGMLQuantizationType
 # blocks serve as q8_0 tiles of their values (kiln.model.quant, exact); Q5_1's are dequantized at load and
 # served dense.
 # IQ4_NL / IQ4_XS (4-bit codes through a fixed non-linear table; IQ4_XS falls back to IQ4_NL where K is
-# not whole superblocks): no kernel reads their codes through the table, so the blocks serving them
-# become q8_0 tiles of the table's int8 values (kiln.model.quant: IQ4_NL exactly, IQ4_XS with each group's
-# scale in float16); the startup log's "weights served" line says so per type
+# not whole superblocks): served from their codes as iq4_nl tiles (kiln.model.quant: IQ4_NL exactly, IQ4_XS
+# with each group's scale in float16); the startup log's "weights served" line says so per type
 SUPPORTED_QUANTS = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                     Q.IQ4_NL, Q.IQ4_XS)
 

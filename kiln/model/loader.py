@@ -107,10 +107,11 @@ def load_weights(path: str | Path, dtype: torch.dtype | str = "auto", *, keep_qu
 QUANTIZATIONS = ("auto", "none", "gguf", "gguf-float", "q8_0", "q4_1")
 # GGUF block types the CPU kernels multiply with
 PACKABLE_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
-# IQ4 blocks: iq4_nl tiles with 8-bit activations, q8_0 tiles of their values with float ones; how exactly
-IQ4_GGUF_TYPES = {"IQ4_NL": "", "IQ4_XS": " (each group's scale rounded to float16)"}
-# blocks no kernel reads as they are, served as tiles of another kind holding their values (the log's words)
-RETILED_GGUF_TYPES = {**IQ4_GGUF_TYPES, "Q5_0": ""}
+# IQ4 blocks: iq4_nl tiles with 8-bit activations, q8_0 tiles of their values with float ones
+IQ4_GGUF_TYPES = frozenset({"IQ4_NL", "IQ4_XS"})
+# blocks served as tiles of another kind holding their values, and where those values are not the file's
+RETILED_GGUF_TYPES = IQ4_GGUF_TYPES | {"Q5_0"}
+_RETILED_NOTES = {"IQ4_XS": " (each group's scale rounded to float16)"}
 # K-quant blocks (served from their blocks with float activations only; the dense kernel's codes
 # cannot rebuild them, so dense bfloat16 streams 3-4x their bytes every decode step)
 KQUANT_GGUF_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})
@@ -286,7 +287,7 @@ def describe_served_weights(types: dict[str, str], served: dict[str, str]) -> st
     for name, how in served.items():
         kind = types.get(name, "tied to token_embd" if name == "lm_head.weight" else "?")
         if kind in RETILED_GGUF_TYPES and how.startswith("its blocks as"):
-            how = how.replace("as q8_0", "as q8_0 tiles of their values").replace(",", RETILED_GGUF_TYPES[kind] + ",", 1)
+            how = how.replace("as q8_0", "as q8_0 tiles of their values").replace(",", _RETILED_NOTES.get(kind, "") + ",", 1)
         key = (kind, how)
         counts[key] = counts.get(key, 0) + 1
     return "; ".join(f"{t} x{n}: {how}" for (t, how), n in sorted(counts.items()))
