@@ -297,42 +297,14 @@ KILN_KQ_AVX2 inline __m256i q6_half_avx2(const uint8_t* qg, int c, int h, int rh
   return _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), three), 4));
 }
 
-// Q6_K's codes of a tile unpacked into ready byte vectors: vector ((s * 8 + g) * 8 + 4h + c) holds
-// q6_half_avx2(group g of superblock s, c, h) of row half rh in its bytes 32rh..32rh+31. Unpacking the
-// high bits costs as much as the maddubs chain of a few rows, so for M > kPanelMinRows it is done once
-// a tile (measured: Q4_K's nibbles and the AVX512-VNNI path gained nothing from a panel).
-constexpr int kPanelVecs = 64;   // vectors a superblock
-constexpr int64_t kPanelMinRows = 16;   // at 5-8 rows (two blocks) the panel's stores did not pay
-struct alignas(64) PanelVec {
-  uint8_t b[64];
-};
-
-KILN_KQ_AVX2 void unpack_tile_q6_avx2(const Problem& p, int64_t t, PanelVec* panel) {
-  constexpr int64_t QB = group_bytes(Q6K), QS = super_bytes(Q6K);
-  for (int64_t s = 0; s < p.S; ++s)
-    for (int g = 0; g < 8; ++g) {
-      prefetch_ahead<Q6K>(p.qs, p.sc, p.S, t, s, g, 1);
-      const uint8_t* qg = p.qs + (t * p.S + s) * QS + g * QB;
-      uint8_t* v = panel[(s * 8 + g) * 8].b;
-      for (int h = 0; h < 2; ++h)
-        for (int c = 0; c < 4; ++c)
-          for (int rh = 0; rh < 2; ++rh)
-            _mm256_store_si256(reinterpret_cast<__m256i*>(v + 64 * (4 * h + c) + 32 * rh), q6_half_avx2(qg, c, h, rh));
-    }
-}
-
 // maddubs pairs an unsigned code byte with a signed activation byte (|xq| <= 127) into int16, and
 // several of those add up in int16 before madd scales them: Q4_K 8 (8 * 2 * 15 * 127 = 30480), Q5_K 4
 // (4 * 2 * 31 * 127 = 31496), Q6_K 2 (2 * 2 * 63 * 127 = 32004), never past 32767.
 //
 // U = NT * H vectors side by side: NT tiles, each in H halves (H = 2: both of a tile's halves in one pass,
 // every code byte read once; H = 1: half rh0 only, the caller runs the other half next).
-// Panel: the codes come from a per-thread panel of a tile's codes, unpacked once (unpack_tile_q6_avx2)
-// for all row blocks instead of again in each one; the arithmetic is the same.
-template <int F, int NT, int MB, int H, bool Panel = false>
-KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, float (*out)[kMaxMB][kRows],
-                             const PanelVec* panel = nullptr) {
-  static_assert(!Panel || (NT == 1 && H == 1), "a panel holds one tile, read a half at a time");
+template <int F, int NT, int MB, int H>
+KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
   constexpr int U = NT * H;
   int rhs[U];
@@ -386,10 +358,9 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
       }
     }
     for (int g = 0; g < 8; ++g) {
-      if (rh0 == 0 && !Panel)
+      if (rh0 == 0)
         for (int a = 0; a < NT; ++a) prefetch_ahead<F>(p.qs, p.sc, S, t + a, s, g, NT);
       const int64_t xo = s * kSuper + g * kGroup;
-      const uint8_t* pv = Panel ? panel[(s * 8 + g) * 8].b + 32 * rh0 : nullptr;
       if constexpr (F == Q6K) {
         for (int h = 0; h < 2; ++h) {
           __m256i scv[U];
@@ -402,9 +373,7 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
             __m256i p16[U][MB];
             for (int c = c0; c < c0 + 2; ++c) {
               __m256i v[U];
-              for (int a = 0; a < U; ++a)
-                v[a] = Panel ? _mm256_load_si256(reinterpret_cast<const __m256i*>(pv + 64 * (4 * h + c)))
-                             : q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
+              for (int a = 0; a < U; ++a) v[a] = q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
               for (int j = 0; j < MB; ++j) {
                 const __m256i xb = _mm256_set1_epi32(load_i32(p.xq + (m0 + j) * K + xo + 16 * h + 4 * c));
                 for (int a = 0; a < U; ++a) {
@@ -458,6 +427,125 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
     for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out[a / H][j] + 8 * rhs[a], acc[a][j]);
 }
 
+// ------------------------------------------------------------ AVX2, many activation rows a tile
+// A group's codes of half rh (8 rows) are unpacked into registers once and every activation row of the
+// block runs over them, its sums waiting in small arrays in L1: unpacking and the scales cost once per
+// up to kWideRows rows instead of once per 4, and a row's work is the maddubs chain alone (2 maddubs and
+// ~2 adds per 64 products), where the 4-row blocks above also unpacked, spilled and looped.
+constexpr int kWideRows = 32;
+constexpr int64_t kWideMinRows = 4;   // fewer: the 4-row blocks above (one or two rows read tiles side by side)
+
+KILN_KQ_AVX2 inline __m256i bcast(const void* b) { return _mm256_set1_epi32(load_i32(b)); }
+
+// step c's two maddubs of a Q4_K / Q5_K group (low and high codes), int16 pair sums
+KILN_KQ_AVX2 inline __m256i two_avx2(const __m256i* vl, const __m256i* vh, const int8_t* xg, int c) {
+  return _mm256_add_epi16(_mm256_maddubs_epi16(vl[c], bcast(xg + 4 * c)), _mm256_maddubs_epi16(vh[c], bcast(xg + 16 + 4 * c)));
+}
+
+template <int F>
+KILN_KQ_AVX2 void tile_wide_avx2(const Problem& p, int64_t t, int64_t m0, int mb, const int8_t* xblk, float (*acc)[kRows]) {
+  constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
+  const int64_t S = p.S;
+  const __m256i zero = _mm256_setzero_si256();
+  alignas(32) int32_t isum[kWideRows][kRows];
+  for (int j = 0; j < mb; ++j) {
+    _mm256_store_ps(acc[j], _mm256_setzero_ps());
+    _mm256_store_ps(acc[j] + 8, _mm256_setzero_ps());
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    const uint8_t* sb = p.sc + (t * S + s) * SB;
+    const uint8_t* qb = p.qs + (t * S + s) * QS;
+    for (int rh = 0; rh < 2; ++rh) {
+      if constexpr (F == Q6K) {   // isum starts at -32 * sum_b sc_b * (sum of sub-block b's activations)
+        __m256i pr[8];
+        for (int q = 0; q < 8; ++q) {
+          const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + 32 * q + 8 * rh)));
+          const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 48 + 32 * q + 8 * rh)));
+          pr[q] = pairs16_avx2(_mm256_sub_epi32(zero, _mm256_slli_epi32(lo, 5)), _mm256_sub_epi32(zero, _mm256_slli_epi32(hi, 5)));
+        }
+        for (int j = 0; j < mb; ++j) {
+          const int16_t* b16 = p.b16 + ((m0 + j) * S + s) * 16;
+          __m256i o = _mm256_madd_epi16(pr[0], bcast(b16));
+          for (int q = 1; q < 8; ++q) o = _mm256_add_epi32(o, _mm256_madd_epi16(pr[q], bcast(b16 + 2 * q)));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(isum[j] + 8 * rh), o);
+        }
+      } else {   // the mins: acc = fma(float(msum), -(dmin * xd), acc)
+        __m256i pr[4];
+        for (int q = 0; q < 4; ++q) {
+          __m128i sc0, mn0, sc1, mn1;
+          scale_min_at<true>(sb, 2 * q, rh, sc0, mn0);
+          scale_min_at<true>(sb, 2 * q + 1, rh, sc1, mn1);
+          pr[q] = pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
+        }
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 32 + 16 * rh)));
+        for (int j = 0; j < mb; ++j) {
+          const int16_t* b32 = p.b32 + ((m0 + j) * S + s) * 8;
+          __m256i m = _mm256_madd_epi16(pr[0], bcast(b32));
+          for (int q = 1; q < 4; ++q) m = _mm256_add_epi32(m, _mm256_madd_epi16(pr[q], bcast(b32 + 2 * q)));
+          const __m256 f = _mm256_mul_ps(dmin, _mm256_set1_ps(p.xd[(m0 + j) * S + s]));
+          _mm256_store_ps(acc[j] + 8 * rh, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), f, _mm256_load_ps(acc[j] + 8 * rh)));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(isum[j] + 8 * rh), zero);
+        }
+      }
+    }
+    for (int g = 0; g < 8; ++g) {
+      prefetch_ahead<F>(p.qs, p.sc, S, t, s, g, 1);
+      for (int rh = 0; rh < 2; ++rh) {
+        if constexpr (F == Q6K) {
+          __m256i v[2][4], scv[2];
+          for (int h = 0; h < 2; ++h) {
+            const __m256i s32 = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + (2 * g + h) * 16 + 8 * rh)));
+            scv[h] = pairs16_avx2(s32, s32);
+            for (int c = 0; c < 4; ++c) v[h][c] = q6_half_avx2(qb + g * QB, c, h, rh);
+          }
+          for (int j = 0; j < mb; ++j) {
+            const int8_t* xg = xblk + ((s * 8 + g) * mb + j) * kGroup;
+            __m256i* is = reinterpret_cast<__m256i*>(isum[j] + 8 * rh);
+            __m256i sum = _mm256_load_si256(is);
+            for (int h = 0; h < 2; ++h)
+              for (int c = 0; c < 4; c += 2) {   // two products at most in int16 (2 * 2 * 63 * 127 = 32004)
+                const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(v[h][c], bcast(xg + 16 * h + 4 * c)),
+                                                     _mm256_maddubs_epi16(v[h][c + 1], bcast(xg + 16 * h + 4 * c + 4)));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, scv[h]));
+              }
+            _mm256_store_si256(is, sum);
+          }
+        } else {
+          __m256i vl[4], vh[4];
+          for (int c = 0; c < 4; ++c) codes_avx2<F, false>(qb + g * QB, c, rh, vl[c], vh[c]);
+          __m128i sc, mn;
+          scale_min_at<true>(sb, g, rh, sc, mn);
+          const __m256i s32 = _mm256_cvtepu8_epi32(sc);
+          const __m256i scv = pairs16_avx2(s32, s32);
+          for (int j = 0; j < mb; ++j) {
+            const int8_t* xg = xblk + ((s * 8 + g) * mb + j) * kGroup;
+            __m256i* is = reinterpret_cast<__m256i*>(isum[j] + 8 * rh);
+            __m256i sum;
+            if constexpr (F == Q4K) {   // 8 products in int16 (8 * 2 * 15 * 127 = 30480)
+              const __m256i p16 = _mm256_add_epi16(_mm256_add_epi16(two_avx2(vl, vh, xg, 0), two_avx2(vl, vh, xg, 1)), _mm256_add_epi16(two_avx2(vl, vh, xg, 2), two_avx2(vl, vh, xg, 3)));
+              sum = _mm256_add_epi32(_mm256_load_si256(is), _mm256_madd_epi16(p16, scv));
+            } else {   // Q5_K: 4 (4 * 2 * 31 * 127 = 31496)
+              sum = _mm256_add_epi32(_mm256_load_si256(is),
+                                     _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(two_avx2(vl, vh, xg, 0), two_avx2(vl, vh, xg, 1)), scv),
+                                                      _mm256_madd_epi16(_mm256_add_epi16(two_avx2(vl, vh, xg, 2), two_avx2(vl, vh, xg, 3)), scv)));
+            }
+            _mm256_store_si256(is, sum);
+          }
+        }
+      }
+    }
+    for (int rh = 0; rh < 2; ++rh) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 16 * rh)));
+      for (int j = 0; j < mb; ++j) {
+        const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(p.xd[(m0 + j) * S + s]));
+        const __m256 is = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(isum[j] + 8 * rh)));
+        _mm256_store_ps(acc[j] + 8 * rh, _mm256_fmadd_ps(is, f, _mm256_load_ps(acc[j] + 8 * rh)));
+      }
+    }
+  }
+}
+
 template <int F>
 KILN_KQ_VNNI void rows_vnni(const Problem& p, int64_t t, int64_t m0, int mb, float (*out)[kMaxMB][kRows]) {
   switch (mb) {
@@ -472,14 +560,13 @@ KILN_KQ_VNNI void rows_vnni(const Problem& p, int64_t t, int64_t m0, int mb, flo
   }
 }
 
-template <int F, bool Panel = false>
-KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int rh, float (*out)[kMaxMB][kRows],
-                            const PanelVec* panel = nullptr) {
+template <int F>
+KILN_KQ_AVX2 void rows_avx2(const Problem& p, int64_t t, int64_t m0, int mb, int rh, float (*out)[kMaxMB][kRows]) {
   switch (mb) {
-    case 1: return tiles_avx2<F, 1, 1, 1, Panel>(p, t, m0, rh, out, panel);
-    case 2: return tiles_avx2<F, 1, 2, 1, Panel>(p, t, m0, rh, out, panel);
-    case 3: return tiles_avx2<F, 1, 3, 1, Panel>(p, t, m0, rh, out, panel);
-    default: return tiles_avx2<F, 1, 4, 1, Panel>(p, t, m0, rh, out, panel);
+    case 1: return tiles_avx2<F, 1, 1, 1>(p, t, m0, rh, out);
+    case 2: return tiles_avx2<F, 1, 2, 1>(p, t, m0, rh, out);
+    case 3: return tiles_avx2<F, 1, 3, 1>(p, t, m0, rh, out);
+    default: return tiles_avx2<F, 1, 4, 1>(p, t, m0, rh, out);
   }
 }
 
@@ -489,20 +576,24 @@ template <int F>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   float out[4][kMaxMB][kRows];
   const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
-  if constexpr (F == Q6K) {
-    if (!vnni && p.M > kPanelMinRows) {   // many row blocks: unpack each tile once for all of them
-      thread_local std::vector<PanelVec> panel;
-      panel.resize(static_cast<size_t>(p.S * kPanelVecs));
+  if (!vnni && p.M >= kWideMinRows) {   // AVX2, a block of rows or more: every tile with up to 32 rows at once
+    alignas(32) float acc[kWideRows][kRows];
+    thread_local std::vector<int8_t> xblk;
+    const int64_t K = p.S * kSuper;
+    xblk.resize(static_cast<size_t>(std::min<int64_t>(kWideRows, p.M) * K));
+    for (int64_t m0 = 0; m0 < p.M; m0 += kWideRows) {
+      const int mb = static_cast<int>(std::min<int64_t>(kWideRows, p.M - m0));
+      // The block's activations group-major ([group][row][32 bytes]): at their stride of K the rows' bytes
+      // fell into one or two L1 sets (K = 8192 / 2048) and missed on every pass (+20-30% at 1B's shapes).
+      for (int64_t gi = 0; gi < p.S * 8; ++gi)
+        for (int j = 0; j < mb; ++j)
+          std::memcpy(xblk.data() + (gi * mb + j) * kGroup, p.xq + (m0 + j) * K + gi * kGroup, kGroup);
       for (int64_t t = t0; t < t1; ++t) {
-        unpack_tile_q6_avx2(p, t, panel.data());
-        for (int64_t m0 = 0; m0 < p.M; m0 += block) {
-          const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
-          for (int rh = 0; rh < 2; ++rh) rows_avx2<F, true>(p, t, m0, mb, rh, out, panel.data());
-          for (int j = 0; j < mb; ++j) store(p, m0 + j, t, out[0][j]);
-        }
+        tile_wide_avx2<F>(p, t, m0, mb, xblk.data(), acc);
+        for (int j = 0; j < mb; ++j) store(p, m0 + j, t, acc[j]);
       }
-      return;
     }
+    return;
   }
   for (int64_t m0 = 0; m0 < p.M; m0 += block) {
     const int mb = static_cast<int>(std::min<int64_t>(block, p.M - m0));
