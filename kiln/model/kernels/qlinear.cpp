@@ -202,12 +202,6 @@ KILN_AVX512 inline __m512i iq4_table_avx512() {
   return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
 }
 
-KILN_AVX512 inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
 KILN_AVX512 void quantize_rows_avx512(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int8_t* xq,
                                       float* xd, float* xs) {
   const int64_t Kp = G * kGroup;
@@ -308,8 +302,8 @@ KILN_AVX512 void tile_avx512(const Problem& p, int64_t t, int64_t m0) {
       const int8_t* xg = xq + j * p.Kp + g * kGroup;
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
       for (int c = 0; c < 8; c += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[c], bcast4(xg + c * 4));
-        s1 = _mm512_dpbusd_epi32(s1, w[c + 1], bcast4(xg + c * 4 + 4));
+        s0 = kiln::dpbusd_bcast(s0, w[c], xg + c * 4);
+        s1 = kiln::dpbusd_bcast(s1, w[c + 1], xg + c * 4 + 4);
       }
       const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
       const __m512 a = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(xd[j * p.G + g])), acc[j]);

@@ -7,8 +7,21 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace kiln {
+
+#if defined(__x86_64__)
+// acc + vpdpbusd(u, the 4 bytes at x broadcast to every int32 lane), the broadcast folded into the
+// instruction's memory operand ({1to16}): GCC 12 emits a separate vpbroadcastd for _mm512_set1_epi32 of a
+// load, one more vector op for every dot product (AVX512-VNNI K-quant GEMM: 2-6% faster folded).
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+}
+#endif
 
 inline float bf16_bits_to_float(uint16_t b) {
   uint32_t bits = static_cast<uint32_t>(b) << 16;

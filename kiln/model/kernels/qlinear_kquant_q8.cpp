@@ -37,6 +37,7 @@
 
 namespace {
 
+using kiln::dpbusd_bcast;
 using kiln::half_bits_to_float;
 using namespace kiln::kq;
 
@@ -224,8 +225,8 @@ KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*ou
             __m512i v[NT];
             for (int a = 0; a < NT; ++a) v[a] = q6_half_avx512(qb[a] + g * QB, c, h);
             for (int j = 0; j < MB; ++j) {
-              const __m512i xb = _mm512_set1_epi32(load_i32(p.xq + (m0 + j) * K + xo + 16 * h + 4 * c));
-              for (int a = 0; a < NT; ++a) dot[a][j] = _mm512_dpbusd_epi32(dot[a][j], v[a], xb);
+              const int8_t* xp = p.xq + (m0 + j) * K + xo + 16 * h + 4 * c;
+              for (int a = 0; a < NT; ++a) dot[a][j] = dpbusd_bcast(dot[a][j], v[a], xp);
             }
           }
           for (int a = 0; a < NT; ++a) {
@@ -250,12 +251,10 @@ KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*ou
           }
           for (int j = 0; j < MB; ++j) {
             const int8_t* xg = p.xq + (m0 + j) * K + xo;
-            const __m512i xl = _mm512_set1_epi32(load_i32(xg + 4 * c));
-            const __m512i xh = _mm512_set1_epi32(load_i32(xg + 16 + 4 * c));
             for (int a = 0; a < NT; ++a) {
-              dl[a][j] = _mm512_dpbusd_epi32(dl[a][j], vl[a], xl);
-              if (kTwoChains) dh[a][j] = _mm512_dpbusd_epi32(dh[a][j], vh[a], xh);
-              else dl[a][j] = _mm512_dpbusd_epi32(dl[a][j], vh[a], xh);
+              dl[a][j] = dpbusd_bcast(dl[a][j], vl[a], xg + 4 * c);
+              if (kTwoChains) dh[a][j] = dpbusd_bcast(dh[a][j], vh[a], xg + 16 + 4 * c);
+              else dl[a][j] = dpbusd_bcast(dl[a][j], vh[a], xg + 16 + 4 * c);
             }
           }
         }
