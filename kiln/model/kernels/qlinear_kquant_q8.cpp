@@ -43,6 +43,8 @@ using namespace kiln::kq;
 
 constexpr int kMaxMB = 8;      // activation rows a pass over a tile serves (AVX512-VNNI; AVX2 takes 4)
 constexpr int kMaxMBAvx2 = 4;  // 16 ymm registers: 3 accumulators a row
+constexpr int kWideRows = 32;  // AVX2 from kWideMinRows rows: a tile's codes serve blocks of up to 32 rows
+constexpr int64_t kWideMinRows = 4;   // fewer: 4-row blocks (one or two rows read tiles side by side)
 
 struct Problem {
   int64_t fmt, M, N, S;
@@ -52,6 +54,7 @@ struct Problem {
   const float* xd;        // [M, S] their scale per superblock
   const int16_t* b16;     // [M, S * 16] the int8 sums of every 16 activations (Q6_K's offset)
   const int16_t* b32;     // [M, S * 8] the int8 sums of every 32 (the mins of Q4_K / Q5_K)
+  const int8_t* xgm;      // AVX2, M >= kWideMinRows: xq group-major per block of kWideRows rows, else nullptr
   const float* bias;      // [T * 16] or nullptr
   void* out;              // [M, N]
   bool out_bf16;
@@ -430,9 +433,8 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
 // A group's codes of half rh (8 rows) are unpacked into registers once and every activation row of the
 // block runs over them, its sums waiting in small arrays in L1: unpacking and the scales cost once per
 // up to kWideRows rows instead of once per 4, and a row's work is the maddubs chain alone (2 maddubs and
-// ~2 adds per 64 products), where the 4-row blocks above also unpacked, spilled and looped.
-constexpr int kWideRows = 32;
-constexpr int64_t kWideMinRows = 4;   // fewer: the 4-row blocks above (one or two rows read tiles side by side)
+// ~2 adds per 64 products), where the 4-row blocks above also unpacked, spilled and looped. `xblk`: the
+// block's activations group-major (Problem::xgm, written once a call by qlinear_kquant_q8_2d).
 
 KILN_KQ_AVX2 inline __m256i bcast(const void* b) { return _mm256_set1_epi32(load_i32(b)); }
 
@@ -575,20 +577,12 @@ template <int F>
 void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
   float out[4][kMaxMB][kRows];
   const int64_t block = vnni ? kMaxMB : kMaxMBAvx2;
-  if (!vnni && p.M >= kWideMinRows) {   // AVX2, a block of rows or more: every tile with up to 32 rows at once
+  if (p.xgm) {   // AVX2, kWideMinRows rows or more: every tile with up to kWideRows rows at once
     alignas(32) float acc[kWideRows][kRows];
-    thread_local std::vector<int8_t> xblk;
-    const int64_t K = p.S * kSuper;
-    xblk.resize(static_cast<size_t>(std::min<int64_t>(kWideRows, p.M) * K));
     for (int64_t m0 = 0; m0 < p.M; m0 += kWideRows) {
       const int mb = static_cast<int>(std::min<int64_t>(kWideRows, p.M - m0));
-      // The block's activations group-major ([group][row][32 bytes]): at their stride of K the rows' bytes
-      // fell into one or two L1 sets (K = 8192 / 2048) and missed on every pass (+20-30% at 1B's shapes).
-      for (int64_t gi = 0; gi < p.S * 8; ++gi)
-        for (int j = 0; j < mb; ++j)
-          std::memcpy(xblk.data() + (gi * mb + j) * kGroup, p.xq + (m0 + j) * K + gi * kGroup, kGroup);
       for (int64_t t = t0; t < t1; ++t) {
-        tile_wide_avx2<F>(p, t, m0, mb, xblk.data(), acc);
+        tile_wide_avx2<F>(p, t, m0, mb, p.xgm + m0 * p.S * kSuper, acc);
         for (int j = 0; j < mb; ++j) store(p, m0 + j, t, acc[j]);
       }
     }
@@ -644,6 +638,21 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
   b16.resize(static_cast<size_t>(M * S * 16));
   b32.resize(static_cast<size_t>(M * S * 8));
   quantize_activation_rows_256(level, x.data_ptr(), bf16, M, K, xq.data(), xd.data(), b16.data(), b32.data());
+  const bool vnni = level >= ISA_AVX512 && cpu_has_avx512_vnni();
+  // AVX2's many-row kernel reads a block's activations group-major ([group][row][32 bytes], per block of
+  // kWideRows rows): at their stride of K a block's rows fell into one or two L1 sets (K = 8192 / 2048)
+  // and missed on every pass (+20-30% at 1B's shapes). Copied once a call, for every thread's tiles.
+  thread_local std::vector<int8_t> xgm;
+  const bool wide = level >= ISA_AVX2 && !vnni && M >= kWideMinRows;
+  if (wide) {
+    xgm.resize(static_cast<size_t>(M * K));
+    for (int64_t m0 = 0; m0 < M; m0 += kWideRows) {
+      const int64_t mb = std::min<int64_t>(kWideRows, M - m0);
+      int8_t* blk = xgm.data() + m0 * K;
+      for (int64_t gi = 0; gi < S * 8; ++gi)
+        for (int64_t j = 0; j < mb; ++j) std::memcpy(blk + (gi * mb + j) * kGroup, xq.data() + (m0 + j) * K + gi * kGroup, kGroup);
+    }
+  }
   std::vector<float> bias_pad;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, "kiln qlinear_kquant: bias must have n elements");
@@ -652,9 +661,8 @@ torch::Tensor qlinear_kquant_q8_2d(const torch::Tensor& x, const torch::Tensor& 
     std::memcpy(bias_pad.data(), b.data_ptr<float>(), sizeof(float) * n);
   }
   const Problem p{fmt, M, n, S, qs.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), xq.data(), xd.data(), b16.data(),
-                  b32.data(), bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(),
+                  b32.data(), wide ? xgm.data() : nullptr, bias_pad.empty() ? nullptr : bias_pad.data(), y.data_ptr(),
                   y.scalar_type() == torch::kBFloat16};
-  const bool vnni = level >= ISA_AVX512 && cpu_has_avx512_vnni();
   const int64_t chunk =
       kquant_call_chunk_tiles(T, S * (super_bytes(f) + scale_bytes(f)), M, vnni ? kMaxMB : kMaxMBAvx2);
   parallel_tasks((T + chunk - 1) / chunk, [&](int64_t c) {
