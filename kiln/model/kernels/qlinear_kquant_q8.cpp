@@ -299,6 +299,35 @@ KILN_KQ_AVX2 inline __m256i q6_half_avx2(const uint8_t* qg, int c, int h, int rh
   return _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), three), 4));
 }
 
+// The int16 pairs madd multiplies a row half's (rh) integer sums with, 8 rows' lanes:
+// Q6_K's offset: -32 * the scales of sub-blocks 2q and 2q + 1 (against their activations' int8 sums)
+KILN_KQ_AVX2 inline __m256i q6_offset_pair_avx2(const uint8_t* sb, int q, int rh) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + 32 * q + 8 * rh)));
+  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 48 + 32 * q + 8 * rh)));
+  return pairs16_avx2(_mm256_sub_epi32(zero, _mm256_slli_epi32(lo, 5)), _mm256_sub_epi32(zero, _mm256_slli_epi32(hi, 5)));
+}
+
+// Q4_K / Q5_K: the mins of groups 2q and 2q + 1
+KILN_KQ_AVX2 inline __m256i min_pair_avx2(const uint8_t* sb, int q, int rh) {
+  __m128i sc0, mn0, sc1, mn1;
+  scale_min_at<true>(sb, 2 * q, rh, sc0, mn0);
+  scale_min_at<true>(sb, 2 * q + 1, rh, sc1, mn1);
+  return pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
+}
+
+// The scale of group g (Q4_K / Q5_K) or of sub-block b (Q6_K) in both halves of each lane
+KILN_KQ_AVX2 inline __m256i group_scale_avx2(const uint8_t* sb, int g, int rh) {
+  __m128i sc, mn;
+  scale_min_at<true>(sb, g, rh, sc, mn);
+  const __m256i s32 = _mm256_cvtepu8_epi32(sc);
+  return pairs16_avx2(s32, s32);
+}
+KILN_KQ_AVX2 inline __m256i q6_scale_avx2(const uint8_t* sb, int b, int rh) {
+  const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + b * 16 + 8 * rh)));
+  return pairs16_avx2(s32, s32);
+}
+
 // maddubs pairs an unsigned code byte with a signed activation byte (|xq| <= 127) into int16, and
 // several of those add up in int16 before madd scales them: Q4_K 8 (8 * 2 * 15 * 127 = 30480), Q5_K 4
 // (4 * 2 * 31 * 127 = 31496), Q6_K 2 (2 * 2 * 63 * 127 = 32004), never past 32767.
@@ -329,10 +358,7 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
     if constexpr (F == Q6K) {
       for (int q = 0; q < 8; ++q)
         for (int a = 0; a < U; ++a) {
-          const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + 32 * q + 8 * rhs[a])));
-          const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 48 + 32 * q + 8 * rhs[a])));
-          const __m256i pr = pairs16_avx2(_mm256_sub_epi32(zero, _mm256_slli_epi32(lo, 5)),
-                                          _mm256_sub_epi32(zero, _mm256_slli_epi32(hi, 5)));
+          const __m256i pr = q6_offset_pair_avx2(sb[a], q, rhs[a]);
           for (int j = 0; j < MB; ++j)
             isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
                                                           p.b16 + ((m0 + j) * S + s) * 16 + 2 * q))));
@@ -343,10 +369,7 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
         for (int j = 0; j < MB; ++j) ms[a][j] = zero;
       for (int q = 0; q < 4; ++q)
         for (int a = 0; a < U; ++a) {
-          __m128i sc0, mn0, sc1, mn1;
-          scale_min_at<true>(sb[a], 2 * q, rhs[a], sc0, mn0);
-          scale_min_at<true>(sb[a], 2 * q + 1, rhs[a], sc1, mn1);
-          const __m256i pr = pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
+          const __m256i pr = min_pair_avx2(sb[a], q, rhs[a]);
           for (int j = 0; j < MB; ++j)
             ms[a][j] = _mm256_add_epi32(ms[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
                                                       p.b32 + ((m0 + j) * S + s) * 8 + 2 * q))));
@@ -366,11 +389,7 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
       if constexpr (F == Q6K) {
         for (int h = 0; h < 2; ++h) {
           __m256i scv[U];
-          for (int a = 0; a < U; ++a) {
-            const __m256i s32 = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb[a] + 32 + (2 * g + h) * 16 + 8 * rhs[a])));
-            scv[a] = pairs16_avx2(s32, s32);
-          }
+          for (int a = 0; a < U; ++a) scv[a] = q6_scale_avx2(sb[a], 2 * g + h, rhs[a]);
           for (int c0 = 0; c0 < 4; c0 += 2) {
             __m256i p16[U][MB];
             for (int c = c0; c < c0 + 2; ++c) {
@@ -391,12 +410,7 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
       } else {
         constexpr int kPer = F == Q4K ? 4 : 2;   // c steps summed in int16 before one madd
         __m256i scv[U];
-        for (int a = 0; a < U; ++a) {
-          __m128i sc, mn;
-          scale_min_at<true>(sb[a], g, rhs[a], sc, mn);
-          const __m256i s32 = _mm256_cvtepu8_epi32(sc);
-          scv[a] = pairs16_avx2(s32, s32);
-        }
+        for (int a = 0; a < U; ++a) scv[a] = group_scale_avx2(sb[a], g, rhs[a]);
         for (int c0 = 0; c0 < 4; c0 += kPer) {
           __m256i p16[U][MB];
           for (int c = c0; c < c0 + kPer; ++c) {
@@ -459,11 +473,7 @@ KILN_KQ_AVX2 void tile_wide_avx2(const Problem& p, int64_t t, int64_t m0, int mb
     for (int rh = 0; rh < 2; ++rh) {
       if constexpr (F == Q6K) {   // isum starts at -32 * sum_b sc_b * (sum of sub-block b's activations)
         __m256i pr[8];
-        for (int q = 0; q < 8; ++q) {
-          const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + 32 * q + 8 * rh)));
-          const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 48 + 32 * q + 8 * rh)));
-          pr[q] = pairs16_avx2(_mm256_sub_epi32(zero, _mm256_slli_epi32(lo, 5)), _mm256_sub_epi32(zero, _mm256_slli_epi32(hi, 5)));
-        }
+        for (int q = 0; q < 8; ++q) pr[q] = q6_offset_pair_avx2(sb, q, rh);
         for (int j = 0; j < mb; ++j) {
           const int16_t* b16 = p.b16 + ((m0 + j) * S + s) * 16;
           __m256i o = _mm256_madd_epi16(pr[0], bcast(b16));
@@ -472,12 +482,7 @@ KILN_KQ_AVX2 void tile_wide_avx2(const Problem& p, int64_t t, int64_t m0, int mb
         }
       } else {   // the mins: acc = fma(float(msum), -(dmin * xd), acc)
         __m256i pr[4];
-        for (int q = 0; q < 4; ++q) {
-          __m128i sc0, mn0, sc1, mn1;
-          scale_min_at<true>(sb, 2 * q, rh, sc0, mn0);
-          scale_min_at<true>(sb, 2 * q + 1, rh, sc1, mn1);
-          pr[q] = pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
-        }
+        for (int q = 0; q < 4; ++q) pr[q] = min_pair_avx2(sb, q, rh);
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 32 + 16 * rh)));
         for (int j = 0; j < mb; ++j) {
           const int16_t* b32 = p.b32 + ((m0 + j) * S + s) * 8;
@@ -495,9 +500,7 @@ KILN_KQ_AVX2 void tile_wide_avx2(const Problem& p, int64_t t, int64_t m0, int mb
         if constexpr (F == Q6K) {
           __m256i v[2][4], scv[2];
           for (int h = 0; h < 2; ++h) {
-            const __m256i s32 = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 32 + (2 * g + h) * 16 + 8 * rh)));
-            scv[h] = pairs16_avx2(s32, s32);
+            scv[h] = q6_scale_avx2(sb, 2 * g + h, rh);
             for (int c = 0; c < 4; ++c) v[h][c] = q6_half_avx2(qb + g * QB, c, h, rh);
           }
           for (int j = 0; j < mb; ++j) {
@@ -515,10 +518,7 @@ KILN_KQ_AVX2 void tile_wide_avx2(const Problem& p, int64_t t, int64_t m0, int mb
         } else {
           __m256i vl[4], vh[4];
           for (int c = 0; c < 4; ++c) codes_avx2<F, false>(qb + g * QB, c, rh, vl[c], vh[c]);
-          __m128i sc, mn;
-          scale_min_at<true>(sb, g, rh, sc, mn);
-          const __m256i s32 = _mm256_cvtepu8_epi32(sc);
-          const __m256i scv = pairs16_avx2(s32, s32);
+          const __m256i scv = group_scale_avx2(sb, g, rh);
           for (int j = 0; j < mb; ++j) {
             const int8_t* xg = xblk + ((s * 8 + g) * mb + j) * kGroup;
             __m256i* is = reinterpret_cast<__m256i*>(isum[j] + 8 * rh);
