@@ -59,8 +59,8 @@ class ModelSettings:
     # auto | cpu | cuda
     device: str = "auto"
     # Weights the serving path multiplies with: auto (default, kiln/model/auto_weights.py: a K-quant GGUF's
-    # blocks (gguf); a Q4/Q8 GGUF dense on AMD's AVX512-BF16 up to 512 MB of bfloat16, its blocks (gguf)
-    # beyond, gguf-float on any other CPU; dense on a GPU) | none (dense) | gguf (a GGUF's own
+    # blocks (gguf); a Q4/Q8 GGUF's blocks (gguf) beyond 512 MB of bfloat16, below it dense on AMD's
+    # AVX512-BF16 and gguf-float on any other CPU; dense on a GPU) | none (dense) | gguf (a GGUF's own
     # 4/8-bit blocks with 8-bit activations, as llama.cpp does) | gguf-float (the same blocks with
     # float32 activations) | q8_0 | q4_1 (quantize every projection)
     quantization: str = "auto"

@@ -15,9 +15,10 @@ from kiln.store.atomic import atomic_write_text
 
 RATIO_NOTE = ("Each \"kiln ... / llama-server ...\" column: how many times better that Kiln engine is than "
               "llama-server on the same ISA, in the same run; above 1 means Kiln is better, for latencies too. "
-              "`kiln <isa>` serves the default weights (`--quantization auto`, what `make serve` runs: dense bfloat16 "
-              "on AVX512-BF16, the GGUF's blocks with float32 activations, gguf-float, on AVX2; the options "
-              "name what each server resolved), `kiln gguf <isa>` "
+              "`kiln <isa>` serves the default weights (`--quantization auto`, what `make serve` runs: for a "
+              "small Q4/Q8 GGUF dense bfloat16 on AVX512-BF16 and the GGUF's blocks with float32 activations, "
+              "gguf-float, on AVX2; for a K-quant or real-size GGUF its blocks with 8-bit activations, gguf; the "
+              "options name what each server resolved), `kiln gguf <isa>` "
               "the GGUF's own Q4/Q8 blocks (`--quantization gguf`, what llama-server runs); `avx2` columns are "
               "Kiln forced to its AVX2 kernels (KILN_CPU_ISA=avx2) and llama-server built with ISA=avx2.")
 METHOD = [

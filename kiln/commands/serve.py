@@ -40,8 +40,9 @@ def register(sub) -> None:
                    "blocks (Q4_0/Q4_1/Q8_0, Q4_K/Q5_K/Q6_K) and multiplies them with 8-bit activations, as "
                    "llama.cpp does; 'gguf-float' the same blocks with float32 activations (the dequantized "
                    "weights' answers, slower on big models); 'none' the dense weights; default 'auto': a K-quant "
-                   "GGUF (Q4_K_M, Q5_K_M, Q6_K) as gguf on any CPU; a Q4/Q8 GGUF as dense bfloat16 on AMD's "
-                   "AVX512-BF16 (rebuilt from its blocks) or a GPU, as gguf-float on other CPUs; the startup "
+                   "GGUF (Q4_K_M, Q5_K_M, Q6_K) or a real-size Q4/Q8 GGUF as gguf on any CPU; a small Q4/Q8 GGUF "
+                   "(at most 512 MB in bfloat16) as dense bfloat16 on AMD's AVX512-BF16 (rebuilt from its "
+                   "blocks), as gguf-float on other CPUs; dense on a GPU; the startup "
                    "log says what each tensor format is served with and why")
     p.add_argument("--data-dir", help="where datasets, suites, judgments and adapters live (default ./kiln-data)")
     p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", action="extend",

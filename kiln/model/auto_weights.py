@@ -10,18 +10,22 @@ The rule, by bytes moved per token:
   ("gguf", llama.cpp's arithmetic) on every CPU the kernels run on. Dense bfloat16 cannot be rebuilt
   from them and would stream 3-4x their bytes every decode step.
 - projections mostly Q4_0 / Q4_1 / Q5_0 / Q8_0 blocks (Q5_0 served as q8_0 tiles of its values):
-  - where decode rebuilds bfloat16 from the blocks and vdpbf16ps outpaces float32 FMAs (AMD's
-    AVX512-BF16) and the dense bfloat16 copy is small (at most `DENSE_MAX_BYTES`: a model that sits
-    in the caches, where bytes per token do not bind): dense bfloat16 ("none"). Decode reads the
-    blocks' codes anyway, and vdpbf16ps gives prompts and batches twice float32's rate. On
-    SmolLM2-135M Q4_1 (270 MB in bfloat16) this is 1.09x / 1.49x llama-server at one stream and
-    4.08x / 4.89x at 8 / 32 streams on a 2-core Zen 4.
-  - there, at real sizes (a 1B Q8_0 would keep a 2.5 GB dense copy beside its 1.1 GB of blocks: 7.2 GB
-    peak), the blocks with 8-bit activations ("gguf"), as for a K-quant file: a decode step streams the
-    file's bytes, VNNI int8 dot products keep prompts and batches fast, and nothing dense is held.
-  - anywhere else the kernels run (AVX2; Intel's AVX512-BF16, whose vdpbf16ps has half its FMAs'
-    rate): the blocks with float32 activations ("gguf-float", the dequantized weights' answers from a
-    third of bfloat16's bytes).
+  - at real sizes (a dense bfloat16 copy over `DENSE_MAX_BYTES`), the blocks with 8-bit activations
+    ("gguf") on every CPU, as for a K-quant file: a decode step streams the file's bytes, int8 dot
+    products (VNNI, AVX2's maddubs) keep prompts and batches fast, and nothing dense is held (a 1B Q8_0
+    would keep a 2.5 GB dense copy beside its 1.1 GB of blocks). Float32 activations are compute-bound
+    there: on a 1B Q8_0 with the AVX2 kernels (2-core Zen 4, the serving bench) gguf was 1.1x
+    gguf-float at one stream, 1.6-2.9x on prompts and 1.8-2.0x at 8 / 32 streams.
+  - a small model (a model that sits in the caches, where bytes per token do not bind): float
+    activations, the dequantized weights' answers, because 8-bit activations move a small model's
+    logits enough to change what it says (the embedded SmolLM2-135M Q4_1 served as "gguf" no longer
+    answers "Paris" to "What is the capital of France?"). Where decode rebuilds bfloat16 from the
+    blocks and vdpbf16ps outpaces float32 FMAs (AMD's AVX512-BF16): dense bfloat16 ("none"; decode
+    reads the blocks' codes anyway, and vdpbf16ps gives prompts and batches twice float32's rate; on
+    SmolLM2-135M Q4_1, 270 MB in bfloat16, 1.09x / 1.49x llama-server at one stream and 4.08x / 4.89x
+    at 8 / 32 streams on a 2-core Zen 4). Anywhere else the kernels run (AVX2; Intel's AVX512-BF16,
+    whose vdpbf16ps has half its FMAs' rate): the blocks with float32 activations ("gguf-float", from
+    a third of bfloat16's bytes).
 - projections mostly IQ4_NL / IQ4_XS blocks: their blocks with 8-bit activations ("gguf") on every CPU,
   as for K-quants: the kernel reads their 4-bit codes through IQ4's table; float32 activations would
   multiply q8_0 tiles of the same values (twice the bytes), dense bfloat16 3.5x.
@@ -32,8 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The largest dense bfloat16 copy of a Q4_0/Q4_1/Q8_0 GGUF that "auto" keeps where vdpbf16ps is fast:
-# SmolLM2-135M (270 MB) fits with room, a 0.5B model (about 1 GB) does not.
+# The largest dense bfloat16 copy of a Q4_0/Q4_1/Q8_0 GGUF that "auto" serves with float activations (a
+# small model, whose answers 8-bit activations change): SmolLM2-135M (270 MB) fits with room, a 0.5B model
+# (about 1 GB) does not.
 DENSE_MAX_BYTES = 512 << 20
 
 
@@ -81,20 +86,23 @@ def choose(f: AutoFacts) -> AutoChoice:
         return AutoChoice("none", None)
     mb = f.dense_bytes / (1 << 20)
     limit = DENSE_MAX_BYTES >> 20
-    if f.bf16_wins and f.dense_bytes <= DENSE_MAX_BYTES:
+    if f.dense_bytes > DENSE_MAX_BYTES:
+        return AutoChoice("gguf", (
+            f"auto serves the GGUF's Q4_0/Q4_1/Q5_0/Q8_0 blocks with 8-bit activations (gguf, llama.cpp's arithmetic) "
+            f"and keeps no dense copy: one in bfloat16 would take {mb:.0f} MB (over {limit} MB), a decode step "
+            f"streams the blocks' bytes, and float32 activations are compute-bound at this size; --quantization "
+            f"gguf-float keeps the blocks with float32 activations (the dequantized model's answers), none serves "
+            f"dense bfloat16"))
+    if f.bf16_wins:
         return AutoChoice("none", (
             f"auto serves dense bfloat16 (decode rebuilds Q4_0/Q4_1/Q8_0 weights from their blocks): this CPU's "
             f"vdpbf16ps outpaces its float32 FMAs and the dense copy is small ({mb:.0f} MB, at most {limit} MB: a "
-            f"model this size sits in the caches, so bytes per token do not bind); --quantization gguf-float keeps "
-            f"only the blocks with float32 activations, gguf with 8-bit ones"))
-    if f.bf16_wins:
-        return AutoChoice("gguf", (
-            f"auto serves the GGUF's Q4_0/Q4_1/Q5_0/Q8_0 blocks with 8-bit activations (gguf, llama.cpp's arithmetic) "
-            f"and keeps no dense copy: one in bfloat16 would take {mb:.0f} MB (over {limit} MB) and a decode step "
-            f"would stream the blocks' bytes anyway; --quantization gguf-float keeps the blocks with float32 "
-            f"activations (the dequantized model's answers), none serves dense bfloat16"))
+            f"model this size sits in the caches, so bytes per token do not bind, and 8-bit activations would change "
+            f"its answers); --quantization gguf-float keeps only the blocks with float32 activations, gguf with 8-bit "
+            f"ones"))
     why = ("this CPU's vdpbf16ps runs at half its float32 FMAs' rate (Intel AVX512-BF16)" if f.isa == "avx512"
            else f"no native bfloat16 dot products on the {f.isa} kernels")
     return AutoChoice("gguf-float", (
-        f"auto serves the GGUF's quantized blocks with float32 activations (gguf-float): {why}; "
+        f"auto serves the GGUF's quantized blocks with float32 activations (gguf-float): the dequantized model's "
+        f"answers, which 8-bit activations change on a model this small ({mb:.0f} MB in bfloat16), and {why}; "
         "--quantization none serves dense bfloat16, gguf llama.cpp's 8-bit activations"))

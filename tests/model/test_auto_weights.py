@@ -40,10 +40,15 @@ def test_k_quant_files_serve_their_blocks_with_8_bit_activations_at_any_size(fac
 
 
 @pytest.mark.parametrize(("isa", "why"), [("avx512", "half its float32 FMAs' rate"), ("avx2", "avx2 kernels")])
-def test_without_fast_bf16_dots_q4_or_q8_blocks_serve_with_float_activations(isa, why):
-    for dense in (270 * MB, 2470 * MB):
-        choice = choose(dataclasses.replace(SMOLLM2_ZEN4, bf16_wins=False, isa=isa, dense_bytes=dense))
-        assert choice.quantization == "gguf-float" and why in choice.reason
+def test_without_fast_bf16_dots_a_small_q4_or_q8_file_serves_its_blocks_with_float_activations(isa, why):
+    choice = choose(dataclasses.replace(SMOLLM2_ZEN4, bf16_wins=False, isa=isa))
+    assert choice.quantization == "gguf-float" and why in choice.reason and "answers" in choice.reason
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_without_fast_bf16_dots_a_real_size_q4_or_q8_file_serves_its_blocks_with_8_bit_activations(isa):
+    choice = choose(dataclasses.replace(ONE_B_ZEN4, bf16_wins=False, isa=isa))
+    assert choice.quantization == "gguf" and "compute-bound" in choice.reason
 
 
 @pytest.mark.parametrize("change", [{"on_cpu": False}, {"is_gguf": False}, {"kernels": False},
