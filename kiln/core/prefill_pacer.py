@@ -16,8 +16,10 @@ within it of their p50 while prompts still get in at a useful pace; and where th
 slow (a 1B model) the prompt adds at most PREFILL_SHARE_MS to the gap instead of 1.5x the decodes.
 While a queue of prompts waits for its first token (QUEUE_MIN of them: a burst of requests, not one
 long prompt arriving among streams), a step aims higher, at QUEUE_MULTIPLE x that aim but no more than
-QUEUE_AIM_MS: every queued user is waiting too, and small chunks drain a queue at a fraction of the
-prefill speed (each carries a step's fixed cost), so the queue gets what the gap bound allows. The
+QUEUE_AIM_MS, or QUEUE_FIXED_MULTIPLE x what a step costs before its rows where that is more: every
+queued user is waiting too, and small chunks drain a queue at a fraction of the prefill speed (each
+carries a step's fixed cost, on a big model mostly streaming its weights), so the queue gets what the
+gap bound allows, and on a big model several times that fixed cost. The
 price is what fits that time, but never so little that
 the fixed cost f is more than half of the step's prefill share (a chunk that small wastes the step).
 Until both lines have data the scheduler keeps the fixed price. A pacer made with
@@ -51,6 +53,12 @@ QUEUE_MIN = 2
 # ones started; 250 ms keeps the streams' gaps under a 300 ms bound.
 QUEUE_MULTIPLE = 2.0
 QUEUE_AIM_MS = 250.0
+# ... or, where more, this many times what a step costs before its rows (`fixed_ms`: on a big model,
+# streaming its weights). A 3B model's one-decode steps take 65-70 ms on a 2-core Zen 4: a 250 ms step
+# there left a queue of 8 ~100-token requests 16 tokens a step, so the streams already decoding took
+# their tokens a few rows at a time (~33 ms a token against 19 in 8-row decode steps) and the 8 streams
+# ran at 16.4 tok/s in all. A 1B model's 25-30 ms keep the 250 ms bound.
+QUEUE_FIXED_MULTIPLE = 6.0
 
 
 @dataclass
@@ -85,6 +93,7 @@ class PrefillPacer:
     below_fixed_price: bool = False       # only bound the fixed price (the scheduler takes the smaller)
     _decodes: _Line = field(default_factory=_Line)   # decode-only steps: ms by decode rows
     _prefill: _Line = field(default_factory=_Line)   # mixed steps: ms beyond the decodes, by price
+    _one_decode_ms: float | None = None              # one-decode steps alone, exponentially weighted
 
     def __post_init__(self) -> None:
         if not self.target_ms > 0:
@@ -107,6 +116,9 @@ class PrefillPacer:
         if price <= 0:
             if decodes > 0:
                 self._decodes.add(decodes, ms)
+            if decodes == 1:
+                last = self._one_decode_ms
+                self._one_decode_ms = ms if last is None else (1.0 - ALPHA) * last + ALPHA * ms
             return
         if price < MIN_SAMPLE_PRICE:
             return
@@ -131,8 +143,15 @@ class PrefillPacer:
         """What a step whose decodes alone take `decode_ms` aims at, with `queued` prompts waiting."""
         aim = max(self.target_ms, min(DECODE_MULTIPLE * decode_ms, decode_ms + PREFILL_SHARE_MS))
         if queued >= QUEUE_MIN:
-            aim = max(aim, min(QUEUE_MULTIPLE * aim, QUEUE_AIM_MS))
+            aim = max(aim, min(QUEUE_MULTIPLE * aim, QUEUE_AIM_MS), QUEUE_FIXED_MULTIPLE * self.fixed_ms())
         return aim
+
+    def fixed_ms(self) -> float:
+        """About what a step costs before its rows: the recent one-decode steps' time (one row's own work
+        is small beside streaming the weights; 0 before any). Not the decode line's intercept: while a
+        burst is admitted the only decode-only steps are one-decode ones, and in a steady state of many
+        streams all are equally wide, so that line often cannot tell a step's rows from its fixed cost."""
+        return self._one_decode_ms or 0.0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from kiln.core.prefill_pacer import (
     MIN_SAMPLE_PRICE,
     PREFILL_SHARE_MS,
     QUEUE_AIM_MS,
+    QUEUE_FIXED_MULTIPLE,
     QUEUE_MIN,
     QUEUE_MULTIPLE,
     ItlPacing,
@@ -178,19 +179,41 @@ def test_several_short_prompts_share_one_steps_paced_price():
 
 
 def test_a_queue_of_prompts_lets_a_step_aim_higher_up_to_the_queue_bound():
-    pacer = _measured(50.0, 2.0, target_ms=150.0)    # 1 decode alone: 50 ms; its usual aim 150 ms
-    assert QUEUE_MIN == 2 and QUEUE_MULTIPLE == 2.0
-    assert pacer.step_ms(50.0, queued=1) == pytest.approx(150.0)
-    assert pacer.step_ms(50.0, queued=2) == pytest.approx(QUEUE_AIM_MS)     # not 300 ms
-    assert pacer.step_ms(50.0, queued=30) == pytest.approx(QUEUE_AIM_MS)
-    assert pacer.price_budget(1, queued=7) == pytest.approx((QUEUE_AIM_MS - 50.0) / 2.0)
+    pacer = _measured(40.0, 2.0, target_ms=150.0)    # 1 decode alone: 40 ms; its usual aim 150 ms
+    assert QUEUE_MIN == 2 and QUEUE_MULTIPLE == 2.0 and QUEUE_FIXED_MULTIPLE * 40.0 < QUEUE_AIM_MS
+    assert pacer.step_ms(40.0, queued=1) == pytest.approx(150.0)
+    assert pacer.step_ms(40.0, queued=2) == pytest.approx(QUEUE_AIM_MS)     # not 300 ms
+    assert pacer.step_ms(40.0, queued=30) == pytest.approx(QUEUE_AIM_MS)
+    assert pacer.price_budget(1, queued=7) == pytest.approx((QUEUE_AIM_MS - 40.0) / 2.0)
     small = _measured(10.0, 1.0, target_ms=50.0)     # a fast machine: twice its aim, under the bound
     assert small.step_ms(10.0, queued=4) == pytest.approx(100.0)
 
 
 def test_a_queue_never_lowers_the_aim():
-    pacer = _measured(200.0, 2.0, target_ms=150.0)   # decodes alone near the bound: aim 300 ms
+    pacer = PrefillPacer(150.0)
+    pacer.observe(1, 0.0, 30.0)
+    pacer.observe(8, 0.0, 200.0)                     # 8 decodes alone near the bound: aim 300 ms
     assert pacer.step_ms(200.0, queued=8) == pacer.step_ms(200.0) == pytest.approx(300.0)
+
+
+def test_where_steps_cost_much_before_their_rows_a_queue_aims_at_several_times_that_cost():
+    pacer = PrefillPacer(150.0)                      # a big model: a one-decode step takes 70 ms
+    pacer.observe(1, 0.0, 70.0)
+    pacer.observe(6, 0.0, 145.0)
+    assert pacer.fixed_ms() == pytest.approx(70.0)
+    assert pacer.step_ms(70.0, queued=1) == pytest.approx(170.0)     # a lone arrival: the usual aim
+    assert pacer.step_ms(70.0, queued=4) == pytest.approx(QUEUE_FIXED_MULTIPLE * 70.0)   # over the 250 ms bound
+
+
+def test_the_fixed_cost_follows_one_decode_steps_alone():
+    pacer = PrefillPacer(150.0)
+    assert pacer.fixed_ms() == 0.0
+    pacer.observe(8, 0.0, 100.0)                     # wider steps teach it nothing
+    pacer.observe(1, 30.0, 200.0)                    # nor a step carrying a prompt
+    assert pacer.fixed_ms() == 0.0
+    pacer.observe(1, 0.0, 40.0)
+    pacer.observe(1, 0.0, 20.0)
+    assert pacer.fixed_ms() == pytest.approx(0.75 * 40.0 + 0.25 * 20.0)
 
 
 def test_a_lone_prompt_arriving_among_streams_is_paced_at_the_usual_aim():
