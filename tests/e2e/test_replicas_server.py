@@ -264,13 +264,16 @@ def test_export_for_vllm_prints_the_serve_command(fleet, tmp_path):
 
 def test_a_training_job_whose_gate_passes_publishes_its_adapter(fleet):
     coordinator, replicas = fleet
-    held = suite("held", 20, 4)  # the gate needs 20 pairs
+    # the gate needs 20 pairs; every answer passes on both sides, so no pair can regress (a 1-epoch SFT
+    # job's answers differ run to run, and a sampled suite once read as a significant regression) and
+    # the thresholds alone decide: kept
+    held = {**suite("held", 20, 4), "default_scorer": {"kind": "regex", "pattern": "^"}}
     assert httpx.post(coordinator.url + "/v1/eval/suites", json=held, timeout=30).status_code == 200
     rows = [{"messages": [{"role": "user", "content": f"Say the word #{i}"},
                           {"role": "assistant", "content": "quillton"}]} for i in range(4)]
     r = httpx.post(coordinator.url + "/v1/train/sft", timeout=60, json={
         "examples": rows, "config": {"output_name": "gated", "epochs": 1, "lora_rank": 4, "auto_load": False},
-        # relative_recovery 0 is always met: the gate passes ("kept": auto_load is off)
+        # min_accuracy and relative_recovery 0 are always met: the gate passes ("kept": auto_load is off)
         "post_eval": {"suite": "held", "min_accuracy": 0.0, "relative_recovery": 0.0, "publish_on_pass": ["r0"]}})
     assert r.status_code == 200, r.text
     job_id = r.json()["job_id"]
