@@ -150,8 +150,8 @@ KILN_KQ_VNNI inline __m512i pairs16(__m512i lo, __m512i hi) {
 
 // Q6_K's unsigned codes (0..63) of half h (K 16h + 4c + i) of group qg, 16 rows: the low nibble, and
 // the two high bits put in place by one shift and one vpternlogd ((hi & 0x30) | lo) instead of shift,
-// mask, shift, or (one-row decode GEMV, 1B's Q6_K ffn_down: 15% less CPU time a call; the AVX2 twin
-// below kept its form, where the same rewrite measured 20% slower)
+// mask, shift, or (one-row decode GEMV, 1B's Q6_K ffn_down: 15% less CPU time a call). c must be a
+// constant where this inlines (the callers' c loops unroll): otherwise the shift is picked at run time.
 KILN_KQ_VNNI inline __m512i q6_half_avx512(const uint8_t* qg, int c, int h) {
   const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(0x30);
   const __m512i v = _mm512_loadu_si512(qg + c * 64);
@@ -163,10 +163,19 @@ KILN_KQ_VNNI inline __m512i q6_half_avx512(const uint8_t* qg, int c, int h) {
   return _mm512_ternarylogic_epi32(hi, n, m48, 0xEC);   // (hi & m48) | n
 }
 
+// Q6_K's offset, -32 * sc_b * (sub-block b's activation sum): for one or two activation rows it joins
+// each sub-block's product with the scale that multiplies it (AVX-512: the dot product starts at -32 *
+// that sum; AVX2: one more madd of the scale pairs; one row at 1B's Q6_K shapes, AVX-512: 5-15% more GB/s
+// a thread, AVX2 with q6_half_avx2's single shift: 13-38%); for more rows, whose broadcasts would outnumber
+// it, once a superblock as pairs of scales against pairs of sums.
+template <int MB>
+constexpr bool q6_offset_in_dot() { return MB <= 2; }
+
 template <int F, int NT, int MB>
 KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*out)[kMaxMB][kRows]) {
   constexpr int64_t QB = group_bytes(F), QS = super_bytes(F), SB = scale_bytes(F);
   constexpr bool kTwoChains = NT * MB <= 4;   // few independent rows: split a group's dot product in two
+  constexpr bool kOffsetInDot = q6_offset_in_dot<MB>();
   const int64_t S = p.S, K = S * kSuper;
   const __m512i m15 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
   __m512 acc[NT][MB];
@@ -182,7 +191,7 @@ KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*ou
     __m512i isum[NT][MB];
     for (int a = 0; a < NT; ++a)
       for (int j = 0; j < MB; ++j) isum[a][j] = zero;
-    if constexpr (F == Q6K) {   // isum starts at -32 * sum_b sc_b * (sum of sub-block b's activations)
+    if constexpr (F == Q6K && !kOffsetInDot) {   // isum starts at -32 * sum_b sc_b * (sub-block b's sum)
       for (int q = 0; q < 8; ++q)
         for (int a = 0; a < NT; ++a) {
           const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb[a] + 32 + 32 * q)));
@@ -193,7 +202,7 @@ KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*ou
             isum[a][j] = _mm512_dpwssd_epi32(isum[a][j], pr,
                                              _mm512_set1_epi32(load_i32(p.b16 + ((m0 + j) * S + s) * 16 + 2 * q)));
         }
-    } else {   // the mins: acc = fma(float(msum), -(dmin * xd), acc)
+    } else if constexpr (F != Q6K) {   // the mins: acc = fma(float(msum), -(dmin * xd), acc)
       __m512i ms[NT][MB];
       for (int a = 0; a < NT; ++a)
         for (int j = 0; j < MB; ++j) ms[a][j] = zero;
@@ -221,8 +230,11 @@ KILN_KQ_VNNI void tiles_vnni(const Problem& p, int64_t t, int64_t m0, float (*ou
       if constexpr (F == Q6K) {
         for (int h = 0; h < 2; ++h) {
           __m512i dot[NT][MB];
-          for (int a = 0; a < NT; ++a)
-            for (int j = 0; j < MB; ++j) dot[a][j] = zero;
+          for (int j = 0; j < MB; ++j) {
+            const __m512i start =
+                kOffsetInDot ? _mm512_set1_epi32(-32 * p.b16[((m0 + j) * S + s) * 16 + 2 * g + h]) : zero;
+            for (int a = 0; a < NT; ++a) dot[a][j] = start;
+          }
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c) {
             __m512i v[NT];
@@ -290,13 +302,17 @@ KILN_KQ_AVX2 inline __m256i pairs16_avx2(__m256i lo, __m256i hi) {
   return _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA);
 }
 
-// Q6_K's unsigned codes of half h of group qg, rows half rh
+// Q6_K's unsigned codes of half h of group qg, rows half rh: the low nibble, and the two high bits put
+// in place by one 16-bit shift (none for c = 2) and one mask, as q6_half_avx512 does. c must be a
+// constant where this inlines (the callers' c loops unroll): picked at run time, the shift cost 25%.
 KILN_KQ_AVX2 inline __m256i q6_half_avx2(const uint8_t* qg, int c, int h, int rh) {
-  const __m256i m15 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+  const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(0x30);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + c * 64 + 32 * rh));
   const __m256i n = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m15) : _mm256_and_si256(v, m15);
   const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 256 + 64 * h + 32 * rh));
-  return _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), three), 4));
+  // bits 2c, 2c+1 of each byte to bits 4, 5; what crosses into a neighbouring byte lands outside them
+  const __m256i hi = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : c == 3 ? _mm256_srli_epi16(hb, 2) : hb;
+  return _mm256_or_si256(n, _mm256_and_si256(hi, m48));
 }
 
 // The int16 pairs madd multiplies a row half's (rh) integer sums with, 8 rows' lanes:
@@ -314,6 +330,26 @@ KILN_KQ_AVX2 inline __m256i min_pair_avx2(const uint8_t* sb, int q, int rh) {
   scale_min_at<true>(sb, 2 * q, rh, sc0, mn0);
   scale_min_at<true>(sb, 2 * q + 1, rh, sc1, mn1);
   return pairs16_avx2(_mm256_cvtepu8_epi32(mn0), _mm256_cvtepu8_epi32(mn1));
+}
+
+// Q4_K / Q5_K: a superblock's 6-bit scales (sm[0][j]) and mins (sm[1][j]) of group j, a byte for each of
+// the tile's 16 rows, unpacked once from the 12 scale bytes a row (the 4- and 2-bit pieces of GGUF's
+// get_scale_min_k4), where one activation row decoded each group's three bytes for its scale and again
+// for its min (AVX2, 1B's Q4_K shapes: 5% more GB/s a thread, Q5_K 2%).
+KILN_KQ_AVX2 inline void unpack_scales_mins(const uint8_t* sb, uint8_t (*sm)[8][16]) {
+  __m128i B[12];
+  for (int b = 0; b < 12; ++b) B[b] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 64 + 16 * b));
+  for (int j = 0; j < 8; ++j) {
+    __m128i sc, m;
+    scale_min_bytes(B, j, sc, m);
+    _mm_store_si128(reinterpret_cast<__m128i*>(sm[0][j]), sc);
+    _mm_store_si128(reinterpret_cast<__m128i*>(sm[1][j]), m);
+  }
+}
+
+// 8 bytes (a value for each of a half's 8 rows) widened to the rows' int32 lanes
+KILN_KQ_AVX2 inline __m256i bytes_to_lanes(const uint8_t* b) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
 }
 
 // The scale of group g (Q4_K / Q5_K) or of sub-block b (Q6_K) in both halves of each lane
@@ -340,8 +376,13 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
   constexpr int U = NT * H;
   int rhs[U];
   for (int a = 0; a < U; ++a) rhs[a] = H == 2 ? a % 2 : rh0;
+  constexpr bool kOffsetInDot = q6_offset_in_dot<MB>();
   const int64_t S = p.S, K = S * kSuper;
   const __m256i zero = _mm256_setzero_si256();
+  // Q4_K / Q5_K, one activation row: the superblock's scales and mins unpacked once (more rows: each
+  // group's decoded where it is used, 1-5% faster there)
+  constexpr bool kUnpackScales = F != Q6K && MB == 1;
+  alignas(16) uint8_t sm[NT][2][8][16];
   __m256 acc[U][MB];
   for (int a = 0; a < U; ++a)
     for (int j = 0; j < MB; ++j) acc[a][j] = _mm256_setzero_ps();
@@ -355,7 +396,7 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
     __m256i isum[U][MB];
     for (int a = 0; a < U; ++a)
       for (int j = 0; j < MB; ++j) isum[a][j] = zero;
-    if constexpr (F == Q6K) {
+    if constexpr (F == Q6K && !kOffsetInDot) {
       for (int q = 0; q < 8; ++q)
         for (int a = 0; a < U; ++a) {
           const __m256i pr = q6_offset_pair_avx2(sb[a], q, rhs[a]);
@@ -363,13 +404,17 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
             isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
                                                           p.b16 + ((m0 + j) * S + s) * 16 + 2 * q))));
         }
-    } else {
+    } else if constexpr (F != Q6K) {
+      if constexpr (kUnpackScales)
+        for (int tt = 0; tt < NT; ++tt) unpack_scales_mins(sb[tt * H], sm[tt]);
       __m256i ms[U][MB];
       for (int a = 0; a < U; ++a)
         for (int j = 0; j < MB; ++j) ms[a][j] = zero;
       for (int q = 0; q < 4; ++q)
         for (int a = 0; a < U; ++a) {
-          const __m256i pr = min_pair_avx2(sb[a], q, rhs[a]);
+          const __m256i pr = kUnpackScales ? pairs16_avx2(bytes_to_lanes(sm[a / H][1][2 * q] + 8 * rhs[a]),
+                                                          bytes_to_lanes(sm[a / H][1][2 * q + 1] + 8 * rhs[a]))
+                                           : min_pair_avx2(sb[a], q, rhs[a]);
           for (int j = 0; j < MB; ++j)
             ms[a][j] = _mm256_add_epi32(ms[a][j], _mm256_madd_epi16(pr, _mm256_set1_epi32(load_i32(
                                                       p.b32 + ((m0 + j) * S + s) * 8 + 2 * q))));
@@ -390,8 +435,16 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
         for (int h = 0; h < 2; ++h) {
           __m256i scv[U];
           for (int a = 0; a < U; ++a) scv[a] = q6_scale_avx2(sb[a], 2 * g + h, rhs[a]);
+          if constexpr (kOffsetInDot) {   // -32 * sc_b * sum: madd of the scale pairs with (-16 * sum) pairs
+            for (int j = 0; j < MB; ++j) {   // |16 * sum| <= 16 * 16 * 127 = 32512: an int16
+              const __m256i off = _mm256_set1_epi16(static_cast<int16_t>(-16 * p.b16[((m0 + j) * S + s) * 16 + 2 * g + h]));
+              for (int a = 0; a < U; ++a) isum[a][j] = _mm256_add_epi32(isum[a][j], _mm256_madd_epi16(off, scv[a]));
+            }
+          }
+#pragma GCC unroll 2
           for (int c0 = 0; c0 < 4; c0 += 2) {
             __m256i p16[U][MB];
+#pragma GCC unroll 2
             for (int c = c0; c < c0 + 2; ++c) {
               __m256i v[U];
               for (int a = 0; a < U; ++a) v[a] = q6_half_avx2(qb[a] + g * QB, c, h, rhs[a]);
@@ -410,7 +463,14 @@ KILN_KQ_AVX2 void tiles_avx2(const Problem& p, int64_t t, int64_t m0, int rh0, f
       } else {
         constexpr int kPer = F == Q4K ? 4 : 2;   // c steps summed in int16 before one madd
         __m256i scv[U];
-        for (int a = 0; a < U; ++a) scv[a] = group_scale_avx2(sb[a], g, rhs[a]);
+        for (int a = 0; a < U; ++a) {
+          if constexpr (kUnpackScales) {
+            const __m256i s32 = bytes_to_lanes(sm[a / H][0][g] + 8 * rhs[a]);
+            scv[a] = pairs16_avx2(s32, s32);
+          } else {
+            scv[a] = group_scale_avx2(sb[a], g, rhs[a]);
+          }
+        }
         for (int c0 = 0; c0 < 4; c0 += kPer) {
           __m256i p16[U][MB];
           for (int c = c0; c < c0 + kPer; ++c) {
@@ -499,8 +559,10 @@ KILN_KQ_AVX2 void tile_wide_avx2(const Problem& p, int64_t t, int64_t m0, int mb
       for (int rh = 0; rh < 2; ++rh) {
         if constexpr (F == Q6K) {
           __m256i v[2][4], scv[2];
+#pragma GCC unroll 2
           for (int h = 0; h < 2; ++h) {
             scv[h] = q6_scale_avx2(sb, 2 * g + h, rh);
+#pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) v[h][c] = q6_half_avx2(qb + g * QB, c, h, rh);
           }
           for (int j = 0; j < mb; ++j) {
