@@ -209,11 +209,12 @@ KILN_KQ_AVX2 inline void codes_avx2(const uint8_t* qg, int c, int h, __m256i& lo
   const __m256i m15 = _mm256_set1_epi8(15);
   lo = _mm256_and_si256(v, m15);
   hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
-  if (F == Q5K) {
-    const __m256i one = _mm256_set1_epi8(1);
+  if (F == Q5K) {   // bits c and 4 + c of each byte to bit 4 by one 16-bit shift each (what crosses into
+                    // a neighbouring byte lands outside bit 4) and one mask
+    const __m256i m16 = _mm256_set1_epi8(16);
     const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 256 + 32 * h));
-    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, c), one), 4));
-    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4 + c), one), 4));
+    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - c), m16));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, c), m16));
   } else if (F == Q6K) {
     const __m256i three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     const __m256i h0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 256 + 32 * h));
