@@ -158,10 +158,13 @@ def test_every_code_path_gives_identical_bits(kind: str, acts: str, dtype: torch
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("m", [1, 2, 3])
-def test_long_rows_read_side_by_side_give_every_code_paths_bits(kind: str, m: int) -> None:
-    # K = 8192 (32 superblocks): one and two rows read several tiles side by side on AVX512-VNNI
-    pw = packed(kind, 88, 8192, "int8")
-    x = activations(m, 8192)
+# 6 and 8 tiles: whole groups of side-by-side tiles, and groups with one or two tiles left over
+@pytest.mark.parametrize(("n", "k"), [(88, 8192), (120, 3072)])
+def test_long_rows_read_side_by_side_give_every_code_paths_bits(kind: str, m: int, n: int, k: int) -> None:
+    # K = 8192 (32 superblocks): one and two rows read several tiles side by side on AVX512-VNNI; from
+    # K = 3072 (12), one row of Q6_K reads three side by side on AVX2
+    pw = packed(kind, n, k, "int8")
+    x = activations(m, k)
     alone = torch.cat([quant_linear(x[i: i + 1], pw, isa="scalar") for i in range(m)])
     for isa in supported_isas():
         assert torch.equal(quant_linear(x, pw, isa=isa), alone), isa

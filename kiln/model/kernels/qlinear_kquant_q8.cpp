@@ -656,18 +656,24 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
     // short ones one at a time, which streams them from memory faster. Weights past the L3, two cores
     // of a Zen 4: one row, K = 2048 (8 superblocks): one tile 12-27% faster than four, K = 3072 4%,
     // K = 4096 even, K = 8192 four 0-6% faster; two rows, K = 2048: one tile 14-20% faster than two,
-    // K = 3072-8192 two 7-25% faster.
-    const int want = !vnni ? 1 : mb == 1 ? (p.S >= 32 ? 4 : 1) : mb == 2 ? (p.S > 8 ? 2 : 1) : 1;
+    // K = 3072-8192 two 7-25% faster. AVX2, one row of Q6_K (the K-quant whose codes take the most
+    // instructions a byte to unpack): three tiles side by side from K = 3072, one thread 10-45% more
+    // GB/s (K = 3072 10-19%, 4096 23-37%, 8192 and 14336 30-45%), two threads 8-30%; at K = 2048 three
+    // tiles were even to 16% slower, and Q4_K two tiles 6-25% slower at every K.
+    const int want = !vnni ? (F == Q6K && mb == 1 && p.S >= 12 ? 3 : 1)
+                           : mb == 1 ? (p.S >= 32 ? 4 : 1) : mb == 2 ? (p.S > 8 ? 2 : 1) : 1;
     for (int64_t t = t0; t < t1;) {
       const int nt = t1 - t >= want ? want : 1;
       if (vnni) {
         if (nt == 4) tiles_vnni<F, 4, 1>(p, t, m0, out);
         else if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
         else rows_vnni<F>(p, t, m0, mb, out);
+      } else if (nt == 3) {
+        tiles_avx2<F, F == Q6K ? 3 : 1, 1, 2>(p, t, m0, 0, out);   // (three tiles: only Q6_K's, instantiated)
+      } else if (mb == 1) {
+        tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
       } else {
-        if (mb == 1) tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
-        else
-          for (int rh = 0; rh < 2; ++rh) rows_avx2<F>(p, t, m0, mb, rh, out);
+        for (int rh = 0; rh < 2; ++rh) rows_avx2<F>(p, t, m0, mb, rh, out);
       }
       for (int a = 0; a < nt; ++a)
         for (int j = 0; j < mb; ++j) store(p, m0 + j, t + a, out[a][j]);
