@@ -17,7 +17,7 @@ from torch import Tensor
 from kiln.model import kquant
 from kiln.model.config import ModelConfig, UnsupportedModelError
 from kiln.model.gguf_file import GGUFTensor, read_gguf
-from kiln.model.heap import trim_heap
+from kiln.model.heap import huge_paged, trim_heap
 from kiln.model.quant import (
     TILE_ROWS,
     PackedWeight,
@@ -165,8 +165,8 @@ def fused_slots(tensors: list[GGUFTensor]) -> dict[str, tuple[Tensor, Tensor]]:
             shapes = [kquant.tile_shapes(kind, *p.shape) for p in parts]  # type: ignore[union-attr, arg-type]
             tiles = sum(q[0] for q, _ in shapes)
             (_, sb, qw), (_, _, sw) = shapes[0]
-            qs = torch.empty(tiles, sb, qw, dtype=torch.uint8)
-            scales = torch.empty(tiles, sb, sw, dtype=torch.uint8)
+            qs = huge_paged((tiles, sb, qw), torch.uint8)
+            scales = huge_paged((tiles, sb, sw), torch.uint8)
             start = 0
             for p, (q, _) in zip(parts, shapes, strict=True):
                 slots[p.name] = (qs[start:start + q[0]], scales[start:start + q[0]])  # type: ignore[union-attr]

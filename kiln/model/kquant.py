@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kiln.model import kernels
+from kiln.model.heap import huge_paged
 from kiln.model.quant import _KIND_IDS, TILE_ROWS, GGUFData, PackedWeight
 
 SUPER = 256
@@ -193,7 +194,10 @@ def pack_from_gguf(kind: str, data: GGUFData, shape: Sequence[int], rows: Tensor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             src = torch.from_numpy(blocks)
-        out_qs, out_scales = out if out is not None else (None, None)
+        if out is None:   # the weights decode streams: in 2 MiB pages (heap.huge_paged)
+            qs_shape, sc_shape = tile_shapes(kind, count, k)
+            out = (huge_paged(qs_shape, torch.uint8), huge_paged(sc_shape, torch.uint8))
+        out_qs, out_scales = out
         qs, scales = module.kquant_tiles_from_gguf(src, _KIND_IDS[kind], count, k, keep, _permutation(kind),
                                                    FORMATS[kind].super_bytes, out_qs=out_qs, out_scales=out_scales)
         return PackedWeight(kind, count, k, qs, scales, True)  # type: ignore[arg-type]

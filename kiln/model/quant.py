@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kiln.model import kernels
+from kiln.model.heap import huge_paged_cat, huge_paged_copy
 
 Kind = Literal["q4_1", "q8_0", "iq4_nl", "q4_k", "q5_k", "q6_k"]
 GROUP = 32
@@ -241,7 +242,7 @@ def _tile_blocks(kind: Kind, in_features: int, blocks: Tensor, d: Tensor, m: Ten
     qs = lanes.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(t, g, nb * TILE_ROWS)
     parts = [d] if m is None else [d, m]
     scales = torch.cat([p.reshape(t, TILE_ROWS, g).permute(0, 2, 1) for p in parts], dim=-1)
-    return PackedWeight(kind, n, in_features, qs.contiguous(), scales.contiguous())
+    return PackedWeight(kind, n, in_features, huge_paged_copy(qs), huge_paged_copy(scales))
 
 
 def _untile(p: PackedWeight) -> QuantCodes:
@@ -290,7 +291,7 @@ def concat_packed(parts: Sequence[PackedWeight]) -> PackedWeight:
         qs = joined_view([p.qs for p in parts])
         scales = joined_view([p.scales for p in parts])
         if qs is None or scales is None:
-            qs, scales = torch.cat([p.qs for p in parts]), torch.cat([p.scales for p in parts])
+            qs, scales = huge_paged_cat([p.qs for p in parts]), huge_paged_cat([p.scales for p in parts])
         return PackedWeight(first.kind, n, first.in_features, qs, scales, first.float_act)
     if first.is_kquant:
         from kiln.model import kquant
