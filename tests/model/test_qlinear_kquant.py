@@ -162,7 +162,7 @@ def test_every_code_path_gives_identical_bits(kind: str, acts: str, dtype: torch
 @pytest.mark.parametrize(("n", "k"), [(88, 8192), (120, 3072)])
 def test_long_rows_read_side_by_side_give_every_code_paths_bits(kind: str, m: int, n: int, k: int) -> None:
     # K = 8192 (32 superblocks): one and two rows read several tiles side by side on AVX512-VNNI; from
-    # K = 3072 (12), one row of Q6_K reads three side by side on AVX2
+    # K = 3072 (12), one row of Q6_K reads three side by side on AVX2 (and four on AVX512-VNNI from 2048)
     pw = packed(kind, n, k, "int8")
     x = activations(m, k)
     alone = torch.cat([quant_linear(x[i: i + 1], pw, isa="scalar") for i in range(m)])

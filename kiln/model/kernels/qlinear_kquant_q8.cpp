@@ -659,9 +659,11 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
     // K = 3072-8192 two 7-25% faster. AVX2, one row of Q6_K (the K-quant whose codes take the most
     // instructions a byte to unpack): three tiles side by side from K = 3072, one thread 10-45% more
     // GB/s (K = 3072 10-19%, 4096 23-37%, 8192 and 14336 30-45%), two threads 8-30%; at K = 2048 three
-    // tiles were even to 16% slower, and Q4_K two tiles 6-25% slower at every K.
+    // tiles were even to 16% slower, and Q4_K two tiles 6-25% slower at every K. AVX512-VNNI, one row of
+    // Q6_K: four tiles from K = 2048 (K = 2048 even to 18% more GB/s, 3072 10-25%, 4096 8-22%); Q4_K
+    // gained nothing there from four below K = 8192.
     const int want = !vnni ? (F == Q6K && mb == 1 && p.S >= 12 ? 3 : 1)
-                           : mb == 1 ? (p.S >= 32 ? 4 : 1) : mb == 2 ? (p.S > 8 ? 2 : 1) : 1;
+                     : mb == 1 ? (p.S >= (F == Q6K ? 8 : 32) ? 4 : 1) : mb == 2 ? (p.S > 8 ? 2 : 1) : 1;
     for (int64_t t = t0; t < t1;) {
       const int nt = t1 - t >= want ? want : 1;
       if (vnni) {
