@@ -58,7 +58,8 @@ def huge_paged(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     reads every weight once, and with 4 KiB pages it crosses a page every 4 KiB: a TLB miss each, and
     the hardware prefetchers stop at every page boundary. The K-quant GEMV on a 2-core AMD EPYC (Zen 4),
     weights past the L3, AVX2 and AVX-512: one thread 5-50% more GB/s, two threads 5-18%. The tail past
-    the last whole 2 MiB keeps small pages (nothing is resident that the tensor does not use). Below 2 MiB, or where there is no MADV_HUGEPAGE (not Linux), `torch.empty`."""
+    the last whole 2 MiB keeps small pages (nothing is resident that the tensor does not use). Below
+    2 MiB, or where there is no MADV_HUGEPAGE (not Linux), `torch.empty`."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_ANONYMOUS"):
         return torch.empty(*shape, dtype=dtype)
