@@ -239,10 +239,11 @@ def _tile_blocks(kind: Kind, in_features: int, blocks: Tensor, d: Tensor, m: Ten
         m = None if m is None else F.pad(m, (0, 0, 0, pad))
     # [T, r, G, c] -> [T, G, c, r], moving the 4 bytes (i) of each lane as one int32
     lanes = blocks.contiguous().view(torch.int32).reshape(t, TILE_ROWS, g, nb // 4)
-    qs = lanes.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(t, g, nb * TILE_ROWS)
+    # One copy, straight into the 2 MiB pages the kernels read from.
+    qs = huge_paged_copy(lanes.permute(0, 2, 3, 1)).view(torch.uint8).reshape(t, g, nb * TILE_ROWS)
     parts = [d] if m is None else [d, m]
     scales = torch.cat([p.reshape(t, TILE_ROWS, g).permute(0, 2, 1) for p in parts], dim=-1)
-    return PackedWeight(kind, n, in_features, huge_paged_copy(qs), huge_paged_copy(scales))
+    return PackedWeight(kind, n, in_features, qs, huge_paged_copy(scales))
 
 
 def _untile(p: PackedWeight) -> QuantCodes:

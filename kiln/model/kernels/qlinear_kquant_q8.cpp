@@ -671,7 +671,7 @@ void run_x86(const Problem& p, int64_t t0, int64_t t1, bool vnni) {
         else if (nt == 2) tiles_vnni<F, 2, 2>(p, t, m0, out);
         else rows_vnni<F>(p, t, m0, mb, out);
       } else if (nt == 3) {
-        tiles_avx2<F, F == Q6K ? 3 : 1, 1, 2>(p, t, m0, 0, out);   // (three tiles: only Q6_K's, instantiated)
+        tiles_avx2<F, F == Q6K ? 3 : 1, 1, 2>(p, t, m0, 0, out);   // only Q6_K instantiates three tiles
       } else if (mb == 1) {
         tiles_avx2<F, 1, 1, 2>(p, t, m0, 0, out);   // one row: a tile's two halves side by side
       } else {
