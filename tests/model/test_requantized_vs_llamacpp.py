@@ -35,10 +35,13 @@ rounded per 32 instead, gguf was 1.22 / 1.44 over the vocabulary but 0.58 / 0.90
 coarser per-256 rounding moves a flipped rounding's logits further, and the tail of the vocabulary
 with them.) IQ4_NL / IQ4_XS: gguf-float
 0.90 / 1.27 (top 10: 0.27 / 0.73), gguf 0.97 / 1.19 (0.25 / 0.63) (served dense, before: 0.92 / 1.30 and
-0.29 / 0.75). Hence LOGIT_GAP = 2.0 and
-TOP_GAP = 1.0. The logit tolerance means something: the same model in another format (Kiln's Q4_K_M
-against llama.cpp's Q8_0) is 4.1 away, and a kernel that read the wrong blocks or scales would be
-further still. Skipped when llama.cpp is not built (failed under KILN_REQUIRE_LLAMACPP=1).
+0.29 / 0.75). On an AVX2-only CPU (2-core AMD EPYC Zen 3) against llama.cpp built for it: gguf-float
+1.31 / 2.25 / 1.32, gguf 1.42 / 1.61 / 0.91 (top 10: 0.65 / 0.61 / 0.21 and 0.49 / 0.50 / 0.30), IQ4_NL /
+IQ4_XS gguf-float 0.96 / 1.66, gguf 1.15 / 1.49. Kiln's logits are the same on every ISA (its scalar
+kernels give the same 2.25 on Q6_K), so llama.cpp's AVX2 kernels moved the tail of its vocabulary. Hence
+LOGIT_GAP = 2.5 and TOP_GAP = 1.0. The logit tolerance means something: the same model in another
+format (Kiln's Q4_K_M against llama.cpp's Q8_0) is 4.1 away, and a kernel that read the wrong blocks or
+scales would be further still. Skipped when llama.cpp is not built (failed under KILN_REQUIRE_LLAMACPP=1).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from .test_smollm2 import PROMPTS, _greedy_paged
 
 pytestmark = pytest.mark.slow
 FORMATS = ("Q4_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS")
-LOGIT_GAP = 2.0    # both activation modes, over the whole vocabulary: see the module docstring
+LOGIT_GAP = 2.5    # both activation modes, over the whole vocabulary: see the module docstring
 TOP_GAP = 1.0      # log-probs over llama.cpp's TOP most likely next tokens: a sanity bound
 TOP = 10
 BLOCK = 16
