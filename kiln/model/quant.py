@@ -148,6 +148,19 @@ class PackedWeight:
         cols = self.dequantize(dtype)[:, start:stop].t()
         return cols.contiguous() if out is None else out.copy_(cols)
 
+    def input_grad(self, grad: Tensor, *, isa: str | None = None) -> Tensor | None:
+        """`grad @ dequantize(bfloat16)` in float32 for float32 `grad [..., out_features]`, multiplied
+        straight from K-quant tiles in C++ (kernels/kquant_input_grad.cpp): each output one chain of fused
+        multiply-adds over the weight's rows in order, so every ISA, thread count and batch gives the
+        same bits. None where the kernels do not run it (not a K-quant, not on the CPU, kernels off)."""
+        module = self._kquant_module(torch.float32)
+        if module is None or grad.dtype != torch.float32 or not grad.is_cpu:
+            return None
+        rows = grad.reshape(-1, self.out_features)
+        out = module.kquant_input_grad(self.qs, self.scales, _KIND_IDS[self.kind], self.out_features,
+                                       self.in_features, rows, -1 if isa is None else kernels.ISA_LEVELS[isa])
+        return out.reshape(*grad.shape[:-1], self.in_features)
+
     def _kquant_module(self, dtype: torch.dtype) -> Any:
         """The C++ kernels where they dequantize this weight into `dtype` (K-quant tiles on the CPU)."""
         if self.is_kquant and dtype in (torch.float32, torch.bfloat16) and self.qs.is_cpu and kernels.enabled():

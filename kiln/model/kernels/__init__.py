@@ -36,7 +36,7 @@ SOURCE = Path(__file__).with_name("qlinear.cpp")
 SOURCES = [SOURCE, *(Path(__file__).with_name(f)
                      for f in ("isa.cpp", "lora_bgmv.cpp", "decode_ops.cpp", "decode_stack.cpp", "dense_bf16.cpp",
                                "qlinear_float.cpp", "qlinear_kquant.cpp", "qlinear_kquant_q8.cpp", "kquant_pack.cpp",
-                               "kquant_dequant.cpp", "silu_mul.cpp", "quantize_super.cpp"))]
+                               "kquant_dequant.cpp", "kquant_input_grad.cpp", "silu_mul.cpp", "quantize_super.cpp"))]
 HEADERS = [Path(__file__).with_name(f)
            for f in ("isa.h", "qlinear.h", "lora_bgmv.h", "decode_ops.h", "decode_stack.h", "dense_bf16.h",
                      "qlinear_float.h", "qlinear_kquant.h", "kquant_tiles.h", "kquant_pack.h", "silu_mul.h", "bf16_simd.h")]

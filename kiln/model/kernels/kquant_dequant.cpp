@@ -570,6 +570,25 @@ torch::Tensor output(const torch::Tensor& qs, const c10::optional<torch::Tensor>
 
 namespace kiln {
 
+void kquant_decode_superblock(int fmt, int64_t isa, const uint8_t* qs, const uint8_t* sc, int64_t rows, uint16_t* out) {
+  const Dense p{qs, sc, 1, rows, kSuper, true, out};
+#ifdef KILN_KQ_X86
+  if (isa >= ISA_AVX512) {
+    if (fmt == Q4K) return tile_avx512<Q4K>(p, 0);
+    if (fmt == Q5K) return tile_avx512<Q5K>(p, 0);
+    return tile_avx512<Q6K>(p, 0);
+  }
+  if (isa >= ISA_AVX2) {
+    if (fmt == Q4K) return tile_avx2<Q4K>(p, 0);
+    if (fmt == Q5K) return tile_avx2<Q5K>(p, 0);
+    return tile_avx2<Q6K>(p, 0);
+  }
+#endif
+  if (fmt == Q4K) return tile_scalar<Q4K>(p, 0);
+  if (fmt == Q5K) return tile_scalar<Q5K>(p, 0);
+  tile_scalar<Q6K>(p, 0);
+}
+
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
                                 int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out,
                                 bool torch_threads) {

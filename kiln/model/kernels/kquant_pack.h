@@ -35,4 +35,15 @@ torch::Tensor kquant_dequantize_t(const torch::Tensor& qs, const torch::Tensor& 
                                   int64_t k, int64_t k0, int64_t k1, bool bf16, int64_t isa,
                                   const c10::optional<torch::Tensor>& out, bool torch_threads);
 
+// One superblock of one tile as bfloat16 bits: its `rows` (<= 16) rows of 256 values, row r at out + 256 r,
+// kquant_dequantize's values. qs / sc: that superblock's records; isa: a resolved level.
+void kquant_decode_superblock(int fmt, int64_t isa, const uint8_t* qs, const uint8_t* sc, int64_t rows, uint16_t* out);
+
+// grad @ W for the same weight's bfloat16 values (kquant_input_grad.cpp): grad [M, n] float32 -> [M, k]
+// float32, each output one chain of fused multiply-adds over W's rows in order, the same bits on every ISA
+// and thread count. The backward's input gradient on a CPU without bfloat16 dot products. isa as above;
+// runs on torch's intra-op threads.
+torch::Tensor kquant_input_grad(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
+                                int64_t k, const torch::Tensor& grad, int64_t isa);
+
 }  // namespace kiln

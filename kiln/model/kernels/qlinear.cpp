@@ -1124,6 +1124,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qs"), py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("k0"), py::arg("k1"),
         py::arg("bf16"), py::arg("isa") = -1, py::arg("out") = py::none(), py::arg("torch_threads") = false,
         py::call_guard<py::gil_scoped_release>());
+  m.def("kquant_input_grad", &kiln::kquant_input_grad, "grad @ W from kquant tiles (W's bfloat16 values), float32",
+        py::arg("qs"), py::arg("scales"), py::arg("fmt"), py::arg("n"), py::arg("k"), py::arg("grad"),
+        py::arg("isa") = -1, py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "per-group int8 activations", py::arg("x"),
         py::arg("isa") = -1);
   m.def("quantize_activations_256", &quantize_activations_256, "per-superblock int8 activations (K-quant kernels)",
