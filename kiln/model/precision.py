@@ -296,9 +296,9 @@ def _kernel_input_grad(grad: Tensor, packed: Any, dtype: torch.dtype) -> Tensor 
     as the multiply-adds at a step's few dozen rows; from the blocks a 1B model's projections took
     0.5-0.6x the time at 60 rows and 0.8-0.9x at 200 (2-core AMD EPYC Zen 3, AVX2). Every ISA gives the
     same bits; they are the dense copy's gradient up to float32 rounding (its sums run in another order)."""
-    if dtype != torch.bfloat16 or grad.dtype != torch.float32 or grad.device.type != "cpu" or native_half(dtype):
+    if dtype != torch.bfloat16 or native_half(dtype):
         return None
-    return packed.input_grad(grad) if _reusable(packed) else None
+    return packed.input_grad(grad)   # None unless a K-quant on the CPU with float32 grads and the kernels
 
 
 def _block_input_grad(grad: Tensor, packed: Any, dtype: torch.dtype) -> Tensor:

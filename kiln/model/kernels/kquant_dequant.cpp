@@ -542,18 +542,6 @@ void dequantize_all(const Dense& p, int64_t isa, bool torch_threads) {
 }
 
 
-// The format of tiles for an [n, k] weight, checked against what the tiles hold.
-int checked_format(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n, int64_t k,
-                   const char* what) {
-  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, what, ": unknown format ", fmt);
-  const int f = static_cast<int>(fmt);
-  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
-  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
-                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
-                    what, ": the tiles do not match n = ", n, ", k = ", k);
-  return f;
-}
-
 // The [rows, cols] result: `out` when given (checked), else a new tensor.
 torch::Tensor output(const torch::Tensor& qs, const c10::optional<torch::Tensor>& out, int64_t rows, int64_t cols,
                      bool bf16, const char* what) {
@@ -569,6 +557,17 @@ torch::Tensor output(const torch::Tensor& qs, const c10::optional<torch::Tensor>
 }  // namespace
 
 namespace kiln {
+
+int kquant_checked_format(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n, int64_t k,
+                           const char* what) {
+  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, what, ": unknown format ", fmt);
+  const int f = static_cast<int>(fmt);
+  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
+  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
+                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
+                    what, ": the tiles do not match n = ", n, ", k = ", k);
+  return f;
+}
 
 void kquant_decode_superblock(int fmt, int64_t isa, const uint8_t* qs, const uint8_t* sc, int64_t rows, uint16_t* out) {
   const Dense p{qs, sc, 1, rows, kSuper, true, out};
@@ -592,7 +591,7 @@ void kquant_decode_superblock(int fmt, int64_t isa, const uint8_t* qs, const uin
 torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
                                 int64_t k, bool bf16, int64_t isa, const c10::optional<torch::Tensor>& out,
                                 bool torch_threads) {
-  const int f = checked_format(qs, scales, fmt, n, k, "kquant_dequantize");
+  const int f = kquant_checked_format(qs, scales, fmt, n, k, "kquant_dequantize");
   const int64_t S = k / kSuper;
   const int64_t level = resolve_isa(isa, "kiln kquant_dequantize");
   torch::Tensor y = output(qs, out, n, k, bf16, "kquant_dequantize");
@@ -607,7 +606,7 @@ torch::Tensor kquant_dequantize(const torch::Tensor& qs, const torch::Tensor& sc
 torch::Tensor kquant_dequantize_t(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
                                   int64_t k, int64_t k0, int64_t k1, bool bf16, int64_t isa,
                                   const c10::optional<torch::Tensor>& out, bool torch_threads) {
-  const int f = checked_format(qs, scales, fmt, n, k, "kquant_dequantize_t");
+  const int f = kquant_checked_format(qs, scales, fmt, n, k, "kquant_dequantize_t");
   const int64_t S = k / kSuper;
   TORCH_CHECK_VALUE(0 <= k0 && k0 <= k1 && k1 <= k && k0 % kSuper == 0 && k1 % kSuper == 0,
                     "kquant_dequantize_t: columns ", k0, ":", k1, " must be whole superblocks of k = ", k);

@@ -205,12 +205,8 @@ namespace kiln {
 
 torch::Tensor kquant_input_grad(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n,
                                 int64_t k, const torch::Tensor& grad, int64_t isa) {
-  TORCH_CHECK_VALUE(fmt >= Q4K && fmt <= Q6K, "kquant_input_grad: unknown format ", fmt);
-  const int f = static_cast<int>(fmt);
-  const int64_t S = k / kSuper, T = (n + kRows - 1) / kRows;
-  TORCH_CHECK_VALUE(k % kSuper == 0 && qs.is_contiguous() && scales.is_contiguous() &&
-                        qs.numel() >= T * S * super_bytes(f) && scales.numel() >= T * S * scale_bytes(f),
-                    "kquant_input_grad: the tiles do not match n = ", n, ", k = ", k);
+  const int f = kquant_checked_format(qs, scales, fmt, n, k, "kquant_input_grad");
+  const int64_t S = k / kSuper;
   TORCH_CHECK_VALUE(grad.device().is_cpu() && grad.scalar_type() == torch::kFloat32 && grad.dim() == 2 &&
                         grad.size(1) == n,
                     "kquant_input_grad: grad must be a CPU float32 [M, ", n, "] tensor");

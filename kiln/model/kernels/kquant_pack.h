@@ -35,6 +35,11 @@ torch::Tensor kquant_dequantize_t(const torch::Tensor& qs, const torch::Tensor& 
                                   int64_t k, int64_t k0, int64_t k1, bool bf16, int64_t isa,
                                   const c10::optional<torch::Tensor>& out, bool torch_threads);
 
+// The format fmt (0 Q4_K, 1 Q5_K, 2 Q6_K) of tiles (qs, scales) for an [n, k] weight, checked against what
+// they hold; a ValueError naming `what` otherwise.
+int kquant_checked_format(const torch::Tensor& qs, const torch::Tensor& scales, int64_t fmt, int64_t n, int64_t k,
+                          const char* what);
+
 // One superblock of one tile as bfloat16 bits: its `rows` (<= 16) rows of 256 values, row r at out + 256 r,
 // kquant_dequantize's values. qs / sc: that superblock's records; isa: a resolved level.
 void kquant_decode_superblock(int fmt, int64_t isa, const uint8_t* qs, const uint8_t* sc, int64_t rows, uint16_t* out);
