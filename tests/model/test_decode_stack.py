@@ -407,6 +407,20 @@ def test_the_stacks_split_threshold_is_at_least_one_row(tmp_path):
         stack.min_split_rows = 0
 
 
+def test_a_stack_whose_layers_outgrow_the_split_bound_never_splits(tmp_path, monkeypatch):
+    # each part of a split step reads every weight: past SPLIT_MAX_LAYER_BYTES a layer, steps stay whole
+    import kiln.model.decode_stack as decode_stack
+
+    model = _packed(tmp_path, "llama")
+    layer = decode_stack._layer_bytes(model.model.layers[0], "packed")
+    packed = [m.packed for m in (model.model.layers[0].self_attn.o_proj, model.model.layers[0].mlp.down_proj)]
+    assert layer > sum(p.qs.nbytes + p.scales.nbytes for p in packed)   # every projection counts
+    monkeypatch.setattr(decode_stack, "SPLIT_MAX_LAYER_BYTES", layer)
+    assert build_decode_stack(model, kernels.load()).min_split_rows == 4
+    monkeypatch.setattr(decode_stack, "SPLIT_MAX_LAYER_BYTES", layer - 1)
+    assert build_decode_stack(model, kernels.load()).min_split_rows == decode_stack.NO_SPLIT
+
+
 def test_the_stacks_row_cost_scales_with_the_layers_shapes(tmp_path):
     # a row's matrices against a position of its attention: 700 positions at SmolLM2-135M's ratio
     model = _packed(tmp_path, "llama")
