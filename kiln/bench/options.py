@@ -65,8 +65,9 @@ class BenchOptions:
     @property
     def kiln_quantizations(self) -> tuple[str, ...]:
         """The Kiln servers the bench starts on each ISA, the default weights first (the one the
-        Kiln-only measurements run on)."""
-        if self.quantization != "auto":
+        Kiln-only measurements run on). A running server (--kiln-url) is one column: it serves what it
+        was started with, and a second column of the same prompts would meet them in its prefix cache."""
+        if self.quantization != "auto" or self.kiln_url:
             return (self.quantization,)
         return ("auto", "gguf") if Path(self.model_path).suffix == ".gguf" else ("auto",)
 

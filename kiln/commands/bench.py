@@ -47,7 +47,8 @@ def register(sub) -> None:
     p.add_argument("--only", default="", help="comma-separated measurements: "
                    "single,concurrent,itl,adapters,training (default: all)")
     p.add_argument("--kiln-url", help="measure this running Kiln server (e.g. http://127.0.0.1:8420) instead of "
-                   "starting one; --model must name the model it serves (for the tokenizer and the references)")
+                   "starting one, as one Kiln column (whatever weights it serves); --model must name the model it serves "
+                   "(for the tokenizer and the references)")
     p.add_argument("--threads", type=int, help="CPU threads for every engine (default: all available cores)")
     p.add_argument("--quantization", choices=["auto", "none", "gguf", "gguf-float", "q8_0", "q4_1"], default="auto",
                    help="weights of the Kiln servers the bench starts (kiln serve --quantization); auto "

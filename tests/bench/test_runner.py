@@ -195,6 +195,13 @@ def test_a_gguf_is_benchmarked_with_the_default_weights_and_its_own_blocks():
     assert "gguf (kiln serve --quantization gguf)" in BenchOptions.preset("model.gguf").describe()["Kiln weights"]
 
 
+def test_a_running_server_is_measured_once_not_again_from_its_prefix_cache():
+    options = BenchOptions.preset("model.gguf", kiln_url="http://127.0.0.1:8000")
+    assert options.kiln_quantizations == ("auto",)
+    engines = build_engines(options, BenchResult(machine=machine()), cpu_isas=AVX512_CPU)
+    assert [e.name for e in engines if e.name.startswith("kiln")] == ["kiln avx512"]
+
+
 def test_the_kiln_server_is_started_with_the_chosen_quantization():
     engines = build_engines(BenchOptions.preset("m.gguf", skip_reference=True, quantization="q8_0", isas=("native",)),
                             BenchResult(machine=machine()), cpu_isas=AVX512_CPU)
