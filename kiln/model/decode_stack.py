@@ -98,7 +98,7 @@ def build_decode_stack(model: Transformer, module: ModuleType) -> Any | None:
     head = _head_projection(model)
     if head is not None:
         stack.set_head(model.model.norm.weight.detach(), head)
-    if layers and _layer_bytes(layers[0], attr) > SPLIT_MAX_LAYER_BYTES:
+    if attr and layers and _layer_bytes(layers[0], attr) > SPLIT_MAX_LAYER_BYTES:
         stack.min_split_rows = NO_SPLIT
     return stack
 
@@ -114,13 +114,13 @@ SPLIT_MAX_LAYER_BYTES = 4 << 20
 NO_SPLIT = 1 << 40   # DecodeStack.min_split_rows: more rows a part than any step has
 
 
-def _layer_bytes(layer: torch.nn.Module, attr: str | None) -> int:
+def _layer_bytes(layer: torch.nn.Module, attr: str) -> int:
     """The bytes a decode row's pass over the layer's projections reads (packed blocks, or the dense
     kernel's codes where it has them, else its bfloat16 tiles)."""
     total = 0
     for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
                 layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-        w = getattr(lin, attr) if attr else None
+        w = getattr(lin, attr)
         if isinstance(w, PackedWeight):
             total += w.qs.nbytes + w.scales.nbytes
         elif isinstance(w, DenseTiles):
